@@ -1,0 +1,37 @@
+/// One run of a source, stamped by the runtime on every start.
+///
+/// A restart gives the same identity a new activation. The driver guarantees
+/// that a stopped activation produces no new event; a message it produced
+/// before the stop may still be queued and is delivered, counted as late.
+public struct Activation: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// Increasing per runtime: a later start has a larger generation.
+    public let generation: UInt64
+
+    /// An activation with `generation`. Runtimes stamp these; tests may build them.
+    public init(generation: UInt64) { self.generation = generation }
+
+    public static func < (a: Activation, b: Activation) -> Bool { a.generation < b.generation }
+    public var description: String { "#\(generation)" }
+}
+
+/// A token a model owns to tell its current phase from earlier ones.
+///
+/// Taggers capture the model's phase; a message queued before the model moved
+/// on carries the old phase, and `update` rejects it by comparing. A one-shot
+/// timer whose identity includes the phase is a debounce.
+public struct Phase: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// The phase's number; the initial phase is 0.
+    public private(set) var value: UInt64
+
+    /// The initial phase.
+    public init() { value = 0 }
+
+    /// Moves to a new phase, leaving every earlier token stale.
+    public mutating func advance() { value &+= 1 }
+
+    /// Whether `token` was issued in this phase.
+    public func isCurrent(_ token: Phase) -> Bool { token == self }
+
+    public static func < (a: Phase, b: Phase) -> Bool { a.value < b.value }
+    public var description: String { "phase \(value)" }
+}

@@ -1,0 +1,110 @@
+/// Runs sources for a runtime: sd-event in `ReconcileSystemd`, virtual time in
+/// `ReconcileTesting`. All calls come from the loop's thread.
+///
+/// The contract:
+/// - `start` is called once per activation, `stop` at most once, and only for
+///   a started activation; `retune` only between them.
+/// - After `stop` returns, the activation emits nothing more: no `emit`, no
+///   `fail`, and posters refuse new events.
+/// - Events are handed to the ticket on the loop's thread (`emit`, `fail`), or
+///   from other threads through the ticket's `poster()`.
+public protocol Driver: AnyObject {
+    /// Connects a runtime. The driver must call `host.pumpInbox()` on the loop
+    /// thread soon after the returned waker is called from any thread.
+    func attach(_ host: any DriverHost) throws -> Waker
+
+    /// Starts the source described by `ticket` (its `source`, `configuration`).
+    func start(_ ticket: SourceTicket)
+
+    /// Applies `ticket.configuration` (changed from `old`) in place.
+    func retune(_ ticket: SourceTicket, from old: AnyHashable)
+
+    /// Stops the source; nothing of this activation is emitted afterwards.
+    func stop(_ ticket: SourceTicket)
+
+    /// Disconnects the runtime after its last stop (shutdown).
+    func detach()
+}
+
+/// The runtime side a driver calls back into.
+public protocol DriverHost: AnyObject {
+    /// Moves what other threads posted into the mailbox and processes it.
+    func pumpInbox()
+}
+
+/// Wakes a driver's loop from any thread so it pumps the runtime's inbox.
+public struct Waker: Sendable {
+    let wake: @Sendable () -> Void
+    /// A waker that calls `wake`.
+    public init(_ wake: @escaping @Sendable () -> Void) { self.wake = wake }
+    /// Wakes the loop.
+    public func callAsFunction() { wake() }
+}
+
+/// A driver's handle on one activation: what to run and where its events go.
+///
+/// Tickets are created by the runtime at each start and live on the loop's
+/// thread. `emit` and `fail` must be called on that thread; other threads use
+/// `poster()`.
+public class SourceTicket {
+    /// The activation this ticket stands for.
+    public let activation: Activation
+    /// The subscription's identity.
+    public let id: SubscriptionID
+    /// The source kind's type.
+    public let source: any Source.Type
+    /// The current configuration (updated before `Driver.retune`).
+    public internal(set) var configuration: AnyHashable
+    /// False once the runtime has stopped this activation.
+    public internal(set) var isActive = true
+    /// True once the source has reported a failure.
+    public internal(set) var hasFailed = false
+
+    init(activation: Activation, id: SubscriptionID, source: any Source.Type, configuration: AnyHashable) {
+        self.activation = activation
+        self.id = id
+        self.source = source
+        self.configuration = configuration
+    }
+
+    /// The configuration as the source's own type.
+    public func configuration<S: Source>(as: S.Type) -> S.Configuration? {
+        configuration.base as? S.Configuration
+    }
+
+    /// Hands an event of the source's `Event` type to the program (loop thread).
+    public func emit(_ event: Any) {}
+
+    /// Reports that the source failed (loop thread). The subscription stays in
+    /// place; it is restarted only when its configuration changes.
+    public func fail(_ failure: SourceFailure) {}
+
+    /// A sendable handle that posts events from any thread.
+    public func poster() -> EventPoster { fatalError("SourceTicket.poster: abstract") }
+}
+
+/// What a post from another thread came to.
+public enum PostResult: Equatable, Sendable {
+    /// Queued for the loop.
+    case accepted
+    /// The runtime's inbox is at capacity; the event was not queued.
+    case full
+    /// The activation was stopped or the runtime shut down; not queued.
+    case closed
+}
+
+/// Posts a source's events from any thread into the runtime's inbox.
+public struct EventPoster: Sendable {
+    let post: @Sendable (any Sendable) -> PostResult
+    /// The activation the poster belongs to.
+    public let activation: Activation
+
+    init(activation: Activation, post: @escaping @Sendable (any Sendable) -> PostResult) {
+        self.activation = activation
+        self.post = post
+    }
+
+    /// Queues `event` and wakes the loop.
+    @discardableResult
+    public func post(_ event: some Sendable) -> PostResult { post(event as any Sendable) }
+}

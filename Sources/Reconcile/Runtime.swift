@@ -1,0 +1,278 @@
+/// Where messages from sources go: implemented by `Runtime`.
+protocol MessageSink<Message>: AnyObject {
+    associatedtype Message
+    func enqueue(_ message: Message, from source: ActiveSource<Message>?)
+    func report(_ diagnostic: Diagnostic)
+    func makePoster(for source: ActiveSource<Message>) -> EventPoster
+}
+
+/// Runs a `Program` on a driver's loop: mailbox, commands, reconcile.
+///
+/// Single-threaded: every call except through a `Sender` or `EventPoster`
+/// must come from the driver's loop thread.
+///
+/// - `send` appends to the mailbox; if nothing is draining, draining starts:
+///   each message runs `update`, the model is committed, then its commands
+///   are handed to `perform` in order. Messages sent meanwhile are processed
+///   after the current one.
+/// - When the mailbox is empty, subscriptions are reconciled once (never for
+///   intermediate models, and not at all when an `Equatable` model is
+///   unchanged since the last reconcile).
+public final class Runtime<P: Program>: DriverHost {
+    struct Envelope {
+        let message: P.Message
+        let source: ActiveSource<P.Message>?
+    }
+
+    enum State { case idle, running, shutDown }
+
+    /// The program being run.
+    public let program: P
+    /// The committed model.
+    public private(set) var model: P.Model
+    /// Counters: messages, reconciles, driver calls, late deliveries.
+    public private(set) var stats = RuntimeStats()
+    /// The last non-skipped reconcile's plan.
+    public private(set) var lastPlan = Plan()
+
+    /// Called after each committed model (render here).
+    public var didCommit: ((P.Model) -> Void)?
+    /// Called after each reconcile that changed something or saw duplicates.
+    public var didReconcile: ((Plan) -> Void)?
+    /// Called for each diagnostic (duplicates, failures, late deliveries).
+    public var diagnostics: ((Diagnostic) -> Void)?
+
+    let driver: any Driver
+    let perform: (P.Command, Runtime<P>) -> Void
+    let reconciler = Reconciler<P.Message>()
+    let inbox: Inbox<P.Message>
+    var mailbox: [Envelope] = []
+    var head = 0
+    var state = State.idle
+    var draining = false
+    var reconciledModel: P.Model?
+    var startCommands: [P.Command]
+    var posterSources: [Activation: ActiveSource<P.Message>] = [:]
+    var retiredPosters = 0
+
+    /// A runtime for `program` on `driver`.
+    /// - Parameters:
+    ///   - inboxCapacity: how many cross-thread messages may wait at once.
+    ///   - perform: the host's command interpreter; it may `send` outcomes.
+    public init(
+        _ program: P, driver: any Driver, inboxCapacity: Int = 4096,
+        perform: @escaping (P.Command, Runtime<P>) -> Void = { _, _ in }
+    ) {
+        self.program = program
+        self.driver = driver
+        self.perform = perform
+        self.inbox = Inbox(capacity: inboxCapacity)
+        (self.model, self.startCommands) = program.start()
+        reconciler.owner = self
+    }
+
+    /// Whether `start()` ran and `shutdown()` did not.
+    public var isRunning: Bool { state == .running }
+
+    /// The running subscriptions' identities, in activation order.
+    public var activeIDs: [SubscriptionID] { reconciler.activeIDs }
+
+    /// Attaches the driver, performs the start commands, processes queued
+    /// messages and reconciles for the first time. Idempotent while running.
+    /// - Throws: `RuntimeError.shutDown` after shutdown; the driver's error if
+    ///   it cannot attach.
+    public func start() throws {
+        switch state {
+        case .running: return
+        case .shutDown: throw RuntimeError.shutDown
+        case .idle: break
+        }
+        inbox.setWaker(try driver.attach(self))
+        state = .running
+        let commands = startCommands
+        startCommands = []
+        didCommit?(model)
+        for c in commands {
+            perform(c, self)
+            if state != .running { return }
+        }
+        moveInbox()
+        drainAndReconcile(force: true)
+    }
+
+    /// Queues `message`; processes it now unless already draining (loop thread).
+    /// Before `start()` the message waits for the start.
+    /// - Throws: `RuntimeError.shutDown` after shutdown.
+    public func send(_ message: P.Message) throws(RuntimeError) {
+        guard state != .shutDown else { throw .shutDown }
+        mailbox.append(Envelope(message: message, source: nil))
+        if state == .running { drainAndReconcile(force: false) }
+    }
+
+    /// Moves cross-thread messages and events into the mailbox and processes
+    /// them. Drivers call this after their waker fired.
+    public func pumpInbox() {
+        guard state == .running else { return }
+        moveInbox()
+        drainAndReconcile(force: false)
+    }
+
+    private func moveInbox() {
+        for item in inbox.takeAll() {
+            switch item {
+            case .message(let m):
+                mailbox.append(Envelope(message: m, source: nil))
+            case .event(let activation, let event):
+                guard let source = posterSources[activation] else { continue }
+                guard let m = source.tagger.tag(event) else {
+                    report(.eventTypeMismatch(source.id, String(describing: type(of: event))))
+                    continue
+                }
+                mailbox.append(Envelope(message: m, source: source))
+            }
+        }
+        if retiredPosters > 0 {
+            // Posts from these were refused since their stop; all they posted
+            // before it was just taken.
+            posterSources = posterSources.filter { $0.value.isActive }
+            retiredPosters = 0
+        }
+    }
+
+    /// Stops every active source exactly once, closes the inbox and refuses
+    /// later messages. A second call does nothing and reports nothing.
+    @discardableResult
+    public func shutdown() -> ShutdownReport<P.Message> {
+        guard state != .shutDown else { return ShutdownReport(stopped: [], dropped: []) }
+        let wasAttached = state == .running
+        state = .shutDown
+        let sources = reconciler.removeAll()
+        for s in sources { stop(s) }
+        var dropped = mailbox[head...].map(\.message)
+        for item in inbox.close() {
+            switch item {
+            case .message(let m): dropped.append(m)
+            case .event(let a, let e): if let m = posterSources[a]?.tagger.tag(e) { dropped.append(m) }
+            }
+        }
+        mailbox = []
+        head = 0
+        posterSources = [:]
+        if wasAttached { driver.detach() }
+        return ShutdownReport(stopped: sources.map(\.id), dropped: dropped)
+    }
+
+    // MARK: - The loop
+
+    private func drainAndReconcile(force: Bool) {
+        guard state == .running, !draining else { return }
+        draining = true
+        defer { draining = false }
+        var mustReconcile = force
+        while state == .running {
+            while head < mailbox.count {
+                let envelope = mailbox[head]
+                head += 1
+                deliver(envelope)
+                if state != .running { return }
+                mustReconcile = true
+            }
+            mailbox.removeAll(keepingCapacity: true)
+            head = 0
+            guard mustReconcile else { return }
+            mustReconcile = false
+            reconcile()
+            if head >= mailbox.count { return }
+        }
+    }
+
+    private func deliver(_ envelope: Envelope) {
+        if let source = envelope.source, !source.isActive {
+            stats.lateDeliveries += 1
+            report(.lateDelivery(source.id, source.activation))
+        }
+        let commands = program.update(&model, envelope.message)
+        stats.messages += 1
+        didCommit?(model)
+        for c in commands {
+            perform(c, self)
+            if state != .running { return }
+        }
+    }
+
+    private func reconcile() {
+        if let last = reconciledModel, program.isUnchanged(last, model) {
+            stats.skippedReconciles += 1
+            return
+        }
+        let (plan, actions) = reconciler.reconcile(program.subscriptions(model).items)
+        reconciledModel = model
+        stats.reconciles += 1
+        for d in plan.duplicates {
+            stats.duplicates += 1
+            report(.duplicateIdentity(d))
+        }
+        if !plan.isEmpty {
+            for s in actions.stops { stop(s) }
+            for r in actions.restarts { stop(r.old) }
+            for r in actions.retunes {
+                stats.retunes += 1
+                driver.retune(r.source, from: r.old)
+            }
+            for r in actions.restarts {
+                stats.restarts += 1
+                start(r.new)
+            }
+            for s in actions.starts { start(s) }
+        }
+        if !plan.isEmpty || !plan.duplicates.isEmpty {
+            lastPlan = plan
+            didReconcile?(plan)
+        }
+    }
+
+    private func start(_ source: ActiveSource<P.Message>) {
+        stats.starts += 1
+        driver.start(source)
+    }
+
+    private func stop(_ source: ActiveSource<P.Message>) {
+        source.isActive = false
+        if source.hasPoster {
+            inbox.retire(source.activation)
+            retiredPosters += 1
+        }
+        stats.stops += 1
+        driver.stop(source)
+    }
+}
+
+extension Runtime: MessageSink {
+    func enqueue(_ message: P.Message, from source: ActiveSource<P.Message>?) {
+        guard state != .shutDown else { return }
+        mailbox.append(Envelope(message: message, source: source))
+        if state == .running { drainAndReconcile(force: false) }
+    }
+
+    func report(_ diagnostic: Diagnostic) {
+        switch diagnostic {
+        case .sourceFailed: stats.failures += 1
+        case .eventAfterStop, .eventTypeMismatch: stats.droppedEvents += 1
+        case .duplicateIdentity, .lateDelivery: break
+        }
+        diagnostics?(diagnostic)
+    }
+
+    func makePoster(for source: ActiveSource<P.Message>) -> EventPoster {
+        posterSources[source.activation] = source
+        inbox.register(source.activation)
+        let inbox = self.inbox
+        let activation = source.activation
+        return EventPoster(activation: activation) { inbox.post(.event(activation, $0)) }
+    }
+}
+
+extension Runtime where P.Message: Sendable {
+    /// A handle that sends messages from any thread (bounded; see `Sender`).
+    public func sender() -> Sender<P.Message> { Sender(inbox: inbox) }
+}

@@ -1,0 +1,87 @@
+/// A kind of ongoing source: timers, file watches, connectivity, signals, or a
+/// user's own (a D-Bus signal, a socket).
+///
+/// A source type describes a source; it does not run one. Drivers run them:
+/// `ReconcileSystemd` on sd-event, `ReconcileTesting.VirtualDriver` in tests.
+public protocol Source {
+    /// The source's parameters. Two subscriptions with the same identity and an
+    /// equal configuration are the same running source (a *keep*).
+    associatedtype Configuration: Hashable & Sendable
+    /// What the source reports; the subscription's tagger maps it to a message.
+    associatedtype Event
+
+    /// The kind's name as shown in identities, plans and logs (`timer`).
+    static var name: String { get }
+
+    /// Whether a running source can move from `old` to `new` without a stop and
+    /// a start (a *retune*). The default is `false`: every change restarts.
+    static func canRetune(from old: Configuration, to new: Configuration) -> Bool
+
+    /// The event that reports `failure` through the subscription's tagger.
+    static func failed(_ failure: SourceFailure) -> Event
+}
+
+extension Source {
+    public static func canRetune(from old: Configuration, to new: Configuration) -> Bool { false }
+}
+
+/// The kind of a source: its type, shown by its name.
+public struct SourceKind: Hashable, Sendable, CustomStringConvertible {
+    /// The kind's name (`Source.name`).
+    public let name: String
+    @usableFromInline let type: ObjectIdentifier
+
+    /// The kind of source type `source`.
+    public init<S: Source>(_ source: S.Type) {
+        self.name = S.name
+        self.type = ObjectIdentifier(source)
+    }
+
+    public static func == (a: SourceKind, b: SourceKind) -> Bool { a.type == b.type }
+    public func hash(into hasher: inout Hasher) { hasher.combine(type) }
+    public var description: String { name }
+}
+
+/// The stable identity of a subscription: its source kind plus a user key.
+///
+/// Identity decides keep versus start: it must not change while the model
+/// wants "the same" source. Put into the key whatever should *restart* the
+/// source when it changes (a phase, for a debounce); put into the
+/// configuration whatever may be retuned.
+public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvertible {
+    /// The source kind.
+    public let kind: SourceKind
+    /// The user's key within that kind. Keys must be `Sendable` values.
+    public let key: AnyHashable
+
+    /// An identity of `kind` keyed by `key`.
+    public init<S: Source, Key: Hashable & Sendable>(_ kind: S.Type, key: Key) {
+        self.kind = SourceKind(kind)
+        self.key = AnyHashable(key)
+    }
+
+    public var description: String { "\(kind.name):\(key)" }
+}
+
+/// Why a source could not run: delivered to the program as an event through the
+/// subscription's tagger, and logged by the host.
+public struct SourceFailure: Error, Hashable, Sendable, CustomStringConvertible {
+    /// What was attempted (`sd_event_add_inotify`, `open /etc/x`).
+    public var operation: String
+    /// The `errno` value when the failure came from the system.
+    public var code: Int32?
+    /// A human sentence saying what went wrong.
+    public var reason: String
+
+    /// A failure of `operation`, with an optional errno `code` and a `reason`.
+    public init(operation: String, code: Int32? = nil, reason: String) {
+        self.operation = operation
+        self.code = code
+        self.reason = reason
+    }
+
+    public var description: String {
+        if let code { return "\(operation): \(reason) (errno \(code))" }
+        return "\(operation): \(reason)"
+    }
+}

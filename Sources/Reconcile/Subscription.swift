@@ -1,0 +1,112 @@
+/// One ongoing source a model wants: identity, configuration and tagger.
+public struct Subscription<Message> {
+    /// The stable identity (kind + key).
+    public let id: SubscriptionID
+    /// The source's configuration, type-erased (`Source.Configuration`).
+    public let configuration: AnyHashable
+    @usableFromInline let source: any Source.Type
+    @usableFromInline let tagger: Tagger<Message>
+
+    /// A subscription to `source` keyed by `key`, configured by `configuration`,
+    /// whose events become messages through `tag`.
+    public init<S: Source, Key: Hashable & Sendable>(
+        _ source: S.Type, key: Key, configuration: S.Configuration,
+        tag: @escaping (S.Event) -> Message
+    ) {
+        self.id = SubscriptionID(source, key: key)
+        self.configuration = AnyHashable(configuration)
+        self.source = source
+        self.tagger = Tagger(tag, source: source)
+    }
+
+    @usableFromInline init(id: SubscriptionID, configuration: AnyHashable, source: any Source.Type, tagger: Tagger<Message>) {
+        self.id = id
+        self.configuration = configuration
+        self.source = source
+        self.tagger = tagger
+    }
+
+    /// The same subscription with its messages mapped by `transform`, for
+    /// embedding a child program's subscriptions in a parent's.
+    public func map<Other>(_ transform: @escaping (Message) -> Other) -> Subscription<Other> {
+        Subscription<Other>(id: id, configuration: configuration, source: source, tagger: tagger.map(transform))
+    }
+
+    /// The message this subscription's tagger makes of `event`, or `nil` when
+    /// `event` is not of the source's event type.
+    public func message(for event: Any) -> Message? { tagger.tag(event) }
+
+    /// The message this subscription's tagger makes of a failure event.
+    public func message(for failure: SourceFailure) -> Message { tagger.fail(failure) }
+}
+
+/// A type-erased tagger: source event (or failure) to message.
+@usableFromInline struct Tagger<Message> {
+    @usableFromInline let tag: (Any) -> Message?
+    @usableFromInline let fail: (SourceFailure) -> Message
+
+    init(tag: @escaping (Any) -> Message?, fail: @escaping (SourceFailure) -> Message) {
+        self.tag = tag
+        self.fail = fail
+    }
+
+    func map<Other>(_ transform: @escaping (Message) -> Other) -> Tagger<Other> {
+        let tag = self.tag, fail = self.fail
+        return Tagger<Other>(tag: { tag($0).map(transform) }, fail: { transform(fail($0)) })
+    }
+}
+
+extension Tagger {
+    init<S: Source>(_ tag: @escaping (S.Event) -> Message, source: S.Type = S.self) {
+        self.tag = { ($0 as? S.Event).map(tag) }
+        self.fail = { tag(S.failed($0)) }
+    }
+}
+
+/// The set of subscriptions a model wants, in order.
+///
+/// Build it with the result builder (`if`, `if let`, `switch`, `for` work) or
+/// from an array for bulk sets. A duplicate identity is kept here as given;
+/// the reconciler reports it and lets the first one win.
+public struct Subscriptions<Message> {
+    /// The subscriptions, in the order they were given.
+    public var items: [Subscription<Message>]
+
+    /// A set of `items`.
+    public init(_ items: [Subscription<Message>]) { self.items = items }
+
+    /// A set built with the result builder.
+    public init(@SubscriptionsBuilder<Message> _ build: () -> [Subscription<Message>]) {
+        self.items = build()
+    }
+
+    /// No subscriptions.
+    public static var none: Subscriptions { Subscriptions([]) }
+
+    /// The identities, in order.
+    public var ids: [SubscriptionID] { items.map(\.id) }
+
+    /// The subscription with identity `id` (the first, if duplicated).
+    public subscript(id: SubscriptionID) -> Subscription<Message>? { items.first { $0.id == id } }
+
+    /// The set with every message mapped by `transform` (child programs).
+    public func map<Other>(_ transform: @escaping (Message) -> Other) -> Subscriptions<Other> {
+        Subscriptions<Other>(items.map { $0.map(transform) })
+    }
+}
+
+/// Builds `[Subscription]` from statements: single subscriptions, nested sets,
+/// arrays, `if`/`else`, optionals and `for` loops.
+@resultBuilder
+public enum SubscriptionsBuilder<Message> {
+    public static func buildExpression(_ s: Subscription<Message>) -> [Subscription<Message>] { [s] }
+    public static func buildExpression(_ s: Subscription<Message>?) -> [Subscription<Message>] { s.map { [$0] } ?? [] }
+    public static func buildExpression(_ s: Subscriptions<Message>) -> [Subscription<Message>] { s.items }
+    public static func buildExpression(_ s: [Subscription<Message>]) -> [Subscription<Message>] { s }
+    public static func buildBlock(_ parts: [Subscription<Message>]...) -> [Subscription<Message>] { parts.flatMap { $0 } }
+    public static func buildOptional(_ part: [Subscription<Message>]?) -> [Subscription<Message>] { part ?? [] }
+    public static func buildEither(first: [Subscription<Message>]) -> [Subscription<Message>] { first }
+    public static func buildEither(second: [Subscription<Message>]) -> [Subscription<Message>] { second }
+    public static func buildArray(_ parts: [[Subscription<Message>]]) -> [Subscription<Message>] { parts.flatMap { $0 } }
+    public static func buildLimitedAvailability(_ part: [Subscription<Message>]) -> [Subscription<Message>] { part }
+}

@@ -1,0 +1,90 @@
+import Reconcile
+import Testing
+
+/// Drives a program's pure functions and asserts model, commands and desired
+/// subscriptions together (no driver, no runtime).
+///
+/// It also keeps a reconciler over the desired sets, so a test can assert how
+/// the last message changed the running sources (`lastPlan`: start, keep,
+/// retune, restart, stop) exactly as the runtime would.
+public struct ProgramTester<P: Program> {
+    /// The program under test.
+    public let program: P
+    /// The current model.
+    public private(set) var model: P.Model
+    /// The commands the last step requested (the start commands at first).
+    public private(set) var commands: [P.Command]
+    /// Every command requested since the tester was created, in order.
+    public private(set) var allCommands: [P.Command]
+    /// How the last step changed the desired subscriptions.
+    public private(set) var lastPlan: Plan
+    private let reconciler = Reconciler<P.Message>()
+
+    /// A tester starting from `program.start()`.
+    public init(_ program: P) {
+        self.program = program
+        (model, commands) = program.start()
+        allCommands = commands
+        lastPlan = reconciler.reconcile(program.subscriptions(model))
+    }
+
+    /// A tester starting from `model` (no start commands).
+    public init(_ program: P, model: P.Model) {
+        self.program = program
+        self.model = model
+        commands = []
+        allCommands = []
+        lastPlan = reconciler.reconcile(program.subscriptions(model))
+    }
+
+    /// The subscriptions the current model wants.
+    public var subscriptions: Subscriptions<P.Message> { program.subscriptions(model) }
+
+    /// The identities the current model wants.
+    public var subscriptionIDs: Set<SubscriptionID> { Set(subscriptions.ids) }
+
+    /// The view of the current model.
+    public var view: P.View { program.view(model) }
+
+    /// Applies `message`; returns the commands it requested.
+    @discardableResult
+    public mutating func send(_ message: P.Message) -> [P.Command] {
+        commands = program.update(&model, message)
+        allCommands += commands
+        lastPlan = reconciler.reconcile(program.subscriptions(model))
+        return commands
+    }
+
+    /// The message the current subscription `id` makes of `event`, or nil when
+    /// the model does not want `id` or the event has the wrong type.
+    public func message(for event: Any, from id: SubscriptionID) -> P.Message? {
+        subscriptions[id]?.message(for: event)
+    }
+
+    /// Sends what the subscription `id` makes of `event`; records an issue and
+    /// returns nil when the model does not want `id`.
+    @discardableResult
+    public mutating func event(_ event: Any, from id: SubscriptionID, sourceLocation: SourceLocation = #_sourceLocation) -> [P.Command]? {
+        guard let message = message(for: event, from: id) else {
+            Issue.record("no subscription \(id) takes \(type(of: event)); wanted: \(subscriptions.ids)", sourceLocation: sourceLocation)
+            return nil
+        }
+        return send(message)
+    }
+}
+
+extension ProgramTester where P.Model: Equatable, P.Command: Equatable {
+    /// Sends `message` and checks, together, the next model, the commands
+    /// requested and (when given) the desired subscription identities.
+    public mutating func send(
+        _ message: P.Message, expect model: P.Model, commands: [P.Command],
+        subscriptions: Set<SubscriptionID>? = nil, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
+        let got = send(message)
+        #expect(self.model == model, "model", sourceLocation: sourceLocation)
+        #expect(got == commands, "commands", sourceLocation: sourceLocation)
+        if let subscriptions {
+            #expect(subscriptionIDs == subscriptions, "subscriptions", sourceLocation: sourceLocation)
+        }
+    }
+}
