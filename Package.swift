@@ -10,10 +10,18 @@ let package = Package(
     products: [
         .library(name: "Reconcile", targets: ["Reconcile"]),
         .library(name: "ReconcileTesting", targets: ["ReconcileTesting"]),
+        .library(name: "ReconcileSystemd", targets: ["ReconcileSystemd"]),
     ],
     targets: [
         .target(name: "Reconcile", swiftSettings: strict),
         .target(name: "ReconcileTesting", dependencies: ["Reconcile"], swiftSettings: strict),
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        .target(name: "ReconcileSystemd", dependencies: ["Reconcile", "CSystemd"], swiftSettings: strict),
+        // A small daemon the driver tests run as a child process (signals,
+        // sd_notify, the watchdog and shutdown are process-wide).
+        .executableTarget(name: "reconcile-probe", dependencies: ["Reconcile", "ReconcileSystemd"],
+                          path: "Tests/Probe", swiftSettings: strict),
+        .testTarget(name: "ReconcileSystemdTests", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd"], swiftSettings: strict),
         .testTarget(name: "ReconcileTests", dependencies: ["Reconcile", "ReconcileTesting"], swiftSettings: strict),
         .testTarget(name: "ReconcileTestingTests", dependencies: ["Reconcile", "ReconcileTesting"], swiftSettings: strict),
     ]

@@ -1,0 +1,203 @@
+import CSystemd
+import Glibc
+import Reconcile
+
+/// The entry point for a daemon: owns an sd-event loop, runs a program on it,
+/// talks to the service manager and logs what the reconciler does.
+///
+/// - SIGTERM and SIGINT (by default) shut down in order: `STOPPING=1`, every
+///   source stopped once, the loop exits with code 0.
+/// - `READY=1` is sent after the first reconcile; `STATUS=` whenever the
+///   program's `status(_:)` changes; the watchdog is pinged by the loop when
+///   `WATCHDOG_USEC` is set.
+/// - Every plan step and every source failure is logged with its reason.
+public final class Daemon<P: Program> {
+    /// Options for the daemon glue.
+    public struct Options {
+        /// Signals that shut the daemon down (the program cannot subscribe to these).
+        public var shutdownSignals: [SignalSource.Signal] = [.terminate, .interrupt]
+        /// Whether to send READY/STATUS/STOPPING.
+        public var notify = true
+        /// Whether to let the loop ping the watchdog when the manager asks.
+        public var watchdog = true
+        /// Where logs go.
+        public var logger = Logger()
+        /// How many cross-thread messages may wait.
+        public var inboxCapacity = 4096
+
+        public init() {}
+    }
+
+    enum State { case idle, running, stopped }
+
+    /// The owned loop.
+    public let loop: EventLoop
+    /// The driver running the program's sources.
+    public let driver: SystemdDriver
+    /// The runtime (model, stats, sender).
+    public private(set) var runtime: Runtime<P>!
+    /// The options given.
+    public let options: Options
+
+    private var state = State.idle
+    private var shutdownSources: [EventSource] = []
+    private var signalHook: SignalHook?
+    private var lastStatus: String?
+    private var exitCode: Int32 = 0
+
+    /// A daemon running `program`; `perform` interprets its commands.
+    /// - Throws: `SystemdError` if the loop cannot be created.
+    public init(_ program: P, options: Options = Options(), perform: @escaping (P.Command, Daemon<P>) -> Void = { _, _ in }) throws {
+        self.options = options
+        loop = try EventLoop()
+        driver = SystemdDriver(loop: loop, logger: options.logger)
+        runtime = Runtime(program, driver: driver, inboxCapacity: options.inboxCapacity) { [unowned self] command, _ in
+            perform(command, self)
+        }
+        wire()
+    }
+
+    /// The logger.
+    public var logger: Logger { options.logger }
+
+    /// Runs until a shutdown signal or `stop(exitCode:)`; returns the exit code.
+    /// - Throws: `LoopError.alreadyRunning` / `.shutDown` on misuse;
+    ///   `DaemonError` when shutdown signals cannot be set up.
+    public func run() throws -> Int32 {
+        switch state {
+        case .running: throw LoopError.alreadyRunning
+        case .stopped: throw LoopError.shutDown
+        case .idle: break
+        }
+        try installShutdownSignals()
+        state = .running
+        if options.watchdog, let interval = ServiceManager.watchdogInterval {
+            try check("sd_event_set_watchdog", sd_event_set_watchdog(loop.handle, 1))
+            logger.info("watchdog enabled: \(interval.short)")
+        }
+        try runtime.start()
+        if options.notify {
+            ServiceManager.notify(statusLine(runtime.program.status(runtime.model)).map { "READY=1\nSTATUS=\($0)" } ?? "READY=1")
+        }
+        lastStatus = runtime.program.status(runtime.model)
+        let code = try loop.run()
+        if state == .running { shutdown(reason: "loop ended") }
+        return code == 0 ? exitCode : code
+    }
+
+    /// Shuts down in order and makes `run()` return `exitCode`. Safe to call
+    /// from a command interpreter or any loop callback; a second call does
+    /// nothing.
+    public func stop(exitCode: Int32 = 0) {
+        guard state == .running else { return }
+        self.exitCode = exitCode
+        shutdown(reason: "stop requested")
+        try? loop.exit(exitCode)
+    }
+
+    private func shutdown(reason: String) {
+        state = .stopped
+        if options.notify { ServiceManager.notify("STOPPING=1") }
+        let report = runtime.shutdown()
+        for s in shutdownSources { s.close() }
+        shutdownSources = []
+        logger.notice("shutdown (\(reason)): stopped \(report.stopped.count) source(s), dropped \(report.dropped.count) queued message(s)",
+                      ["STOPPED": "\(report.stopped.count)", "DROPPED": "\(report.dropped.count)"])
+    }
+
+    private func installShutdownSignals() throws {
+        guard !options.shutdownSignals.isEmpty else { return }
+        let unblocked = options.shutdownSignals.filter { !Signals.isBlocked($0) }
+        if !unblocked.isEmpty {
+            let threads = threadCount()
+            guard threads <= 1 else { throw DaemonError.signalsNotBlocked(unblocked, threads: threads) }
+            try Signals.block(unblocked)
+        }
+        let hook = SignalHook { [unowned self] signo in
+            logger.notice("received \(SignalSource.Signal(rawValue: signo).map(\.description) ?? "signal \(signo)"): shutting down")
+            stop(exitCode: 0)
+        }
+        signalHook = hook
+        for signal in options.shutdownSignals {
+            var s: OpaquePointer?
+            try check("sd_event_add_signal \(signal)", sd_event_add_signal(loop.handle, &s, signal.rawValue, { _, info, ud in
+                let hook = Unmanaged<SignalHook>.fromOpaque(ud!).takeUnretainedValue()
+                hook.action(info.map { Int32(bitPattern: $0.pointee.ssi_signo) } ?? 0)
+                return 0
+            }, Unmanaged.passUnretained(hook).toOpaque()))
+            shutdownSources.append(EventSource(s!))
+        }
+    }
+
+    private func wire() {
+        let logger = options.logger
+        runtime.didReconcile = { plan in
+            for step in plan.steps {
+                let outcome: String
+                switch step {
+                case .start: outcome = "start"
+                case .retune: outcome = "retune"
+                case .restart: outcome = "restart"
+                case .stop: outcome = "stop"
+                }
+                logger.info(step.description, ["SUBSCRIPTION": "\(step.id)", "OUTCOME": outcome])
+            }
+        }
+        runtime.diagnostics = { d in
+            switch d {
+            case .sourceFailed(let id, let a, let f):
+                logger.warning(d.description, ["SUBSCRIPTION": "\(id)", "ACTIVATION": "\(a.generation)", "OUTCOME": "failed",
+                                               "ERRNO": f.code.map(String.init) ?? ""])
+            case .duplicateIdentity(let id):
+                logger.warning(d.description, ["SUBSCRIPTION": "\(id)", "OUTCOME": "duplicate"])
+            case .lateDelivery(let id, let a):
+                logger.debug(d.description, ["SUBSCRIPTION": "\(id)", "ACTIVATION": "\(a.generation)", "OUTCOME": "late"])
+            case .eventAfterStop(let id, _), .eventTypeMismatch(let id, _):
+                logger.error(d.description, ["SUBSCRIPTION": "\(id)"])
+            }
+        }
+        runtime.didCommit = { [unowned self] model in
+            guard options.notify, state == .running else { return }
+            let status = runtime.program.status(model)
+            if status != lastStatus {
+                lastStatus = status
+                if let line = statusLine(status) { ServiceManager.notify("STATUS=\(line)") }
+            }
+        }
+    }
+
+    private func statusLine(_ status: String?) -> String? {
+        status.map { String($0.map { $0 == "\n" ? " " : $0 }) }
+    }
+}
+
+/// Why a daemon could not start.
+public enum DaemonError: Error, CustomStringConvertible {
+    /// Shutdown signals are not blocked and other threads already run, so
+    /// blocking them now would not cover those threads.
+    case signalsNotBlocked([SignalSource.Signal], threads: Int)
+
+    public var description: String {
+        switch self {
+        case .signalsNotBlocked(let s, let n):
+            "\(s.map(\.description).joined(separator: ", ")) not blocked and \(n) threads already run: call Signals.block() first thing in main, before any thread starts"
+        }
+    }
+}
+
+/// The number of threads in this process (from /proc/self/task).
+func threadCount() -> Int {
+    guard let dir = opendir("/proc/self/task") else { return 1 }
+    defer { closedir(dir) }
+    var n = 0
+    while let e = readdir(dir) {
+        if e.pointee.d_name.0 != 46 { n += 1 }   // skip "." and ".."
+    }
+    return n
+}
+
+/// The userdata of the daemon's signal sources (C callbacks cannot be generic).
+final class SignalHook {
+    let action: (Int32) -> Void
+    init(_ action: @escaping (Int32) -> Void) { self.action = action }
+}

@@ -1,0 +1,134 @@
+import CSystemd
+import Glibc
+import Reconcile
+
+/// An sd-event loop, owned or borrowed.
+///
+/// - An **owned** loop is created here (`sd_event_new`), run with `run()`,
+///   ended with `exit(_:)`, and released when this object goes away.
+/// - A **borrowed** loop belongs to the daemon: Reconcile attaches sources to
+///   it and detaches them on shutdown, and never runs, exits or releases it.
+///
+/// Not thread-safe: use a loop from the thread that created it (other threads
+/// use a runtime's `Sender`).
+public final class EventLoop {
+    /// Who owns the `sd_event`.
+    public enum Ownership: Sendable {
+        /// Created here; run, exited and released here.
+        case owned
+        /// The host's; never run, exited or released here.
+        case borrowed
+    }
+
+    /// The `sd_event *`.
+    public let handle: OpaquePointer
+    /// Owned or borrowed.
+    public let ownership: Ownership
+    /// The thread the loop belongs to (`pthread_self` of its creator).
+    public let thread: UInt
+
+    /// Creates a new loop owned by this object.
+    /// The corresponding C function is `sd_event_new`.
+    public init() throws(SystemdError) {
+        var e: OpaquePointer?
+        try check("sd_event_new", sd_event_new(&e))
+        handle = e!
+        ownership = .owned
+        thread = CSystemd_thread_id()
+    }
+
+    /// Borrows a daemon's loop: sources are attached and detached, the loop
+    /// is never run, exited or released here.
+    public init(borrowing handle: OpaquePointer) {
+        self.handle = handle
+        ownership = .borrowed
+        thread = CSystemd_thread_id()
+    }
+
+    /// The calling thread's default loop (`sd_event_default`), borrowed.
+    public static func borrowingDefault() throws(SystemdError) -> (EventLoop, release: () -> Void) {
+        var e: OpaquePointer?
+        try check("sd_event_default", sd_event_default(&e))
+        let h = e!
+        return (EventLoop(borrowing: h), { _ = sd_event_unref(h) })
+    }
+
+    deinit {
+        if ownership == .owned { sd_event_unref(handle) }
+    }
+
+    /// Whether the caller is on the loop's thread.
+    public var isOnLoopThread: Bool { CSystemd_thread_id() == thread }
+
+    /// The loop's current time on `clock` (the time of the current iteration).
+    /// The corresponding C function is `sd_event_now`.
+    public func now(_ clock: clockid_t = CLOCK_MONOTONIC) -> UInt64 {
+        var usec: UInt64 = 0
+        if sd_event_now(handle, clock, &usec) < 0 {
+            var ts = timespec()
+            clock_gettime(clock, &ts)
+            return UInt64(ts.tv_sec) * 1_000_000 + UInt64(ts.tv_nsec) / 1000
+        }
+        return usec
+    }
+
+    /// Runs one iteration, waiting at most `timeout`. Returns whether
+    /// something was dispatched.
+    /// The corresponding C function is `sd_event_run`.
+    @discardableResult
+    public func runOnce(timeout: Duration? = nil) throws(SystemdError) -> Bool {
+        let usec: UInt64 = timeout.map { UInt64(max(0, $0.microseconds)) } ?? UInt64.max
+        return try check("sd_event_run", sd_event_run(handle, usec)) > 0
+    }
+
+    /// Runs iterations until `done()` is true or `timeout` passes; returns
+    /// `done()`. For tests and hosts that wait on the loop with a deadline.
+    @discardableResult
+    public func run(until done: () -> Bool, timeout: Duration) throws(SystemdError) -> Bool {
+        let deadline = ContinuousClock.now + timeout
+        while !done() {
+            let left = deadline - ContinuousClock.now
+            if left <= .zero { return done() }
+            try runOnce(timeout: min(left, .milliseconds(50)))
+        }
+        return true
+    }
+
+    /// Runs an owned loop until `exit(_:)`; returns the exit code.
+    /// - Throws: `LoopError.borrowed` for a borrowed loop.
+    /// The corresponding C function is `sd_event_loop`.
+    public func run() throws -> Int32 {
+        guard ownership == .owned else { throw LoopError.borrowed }
+        return try check("sd_event_loop", sd_event_loop(handle))
+    }
+
+    /// Asks an owned loop to finish with `code`.
+    /// The corresponding C function is `sd_event_exit`.
+    public func exit(_ code: Int32 = 0) throws {
+        guard ownership == .owned else { throw LoopError.borrowed }
+        try check("sd_event_exit", sd_event_exit(handle, code))
+    }
+
+    /// The loop's epoll fd, for embedding in a host's poll loop (see
+    /// Docs/Embedding.md).
+    /// The corresponding C function is `sd_event_get_fd`.
+    public var fd: Int32 { sd_event_get_fd(handle) }
+}
+
+/// Misuse of a loop or runtime host, as a catchable error.
+public enum LoopError: Error, Equatable, CustomStringConvertible {
+    /// A borrowed loop cannot be run, exited or released by Reconcile.
+    case borrowed
+    /// `run()` was called while already running.
+    case alreadyRunning
+    /// `run()` was called after the runtime shut down.
+    case shutDown
+
+    public var description: String {
+        switch self {
+        case .borrowed: "the loop is borrowed: its owner runs and exits it"
+        case .alreadyRunning: "the daemon is already running"
+        case .shutDown: "the daemon has shut down and cannot run again"
+        }
+    }
+}

@@ -1,0 +1,42 @@
+import CSystemd
+import Synchronization
+
+/// sd-event sources created by Reconcile and not yet destroyed by sd-event
+/// (counted down from each source's destroy callback). Tests use it to show
+/// start-once / stop-once at the sd-event level.
+public enum EventSourceAccounting {
+    static let liveCount = Atomic<Int>(0)
+    static let createdCount = Atomic<Int>(0)
+
+    /// Sources created and not yet destroyed, process-wide.
+    public static var live: Int { liveCount.load(ordering: .relaxed) }
+    /// Sources ever created, process-wide.
+    public static var created: Int { createdCount.load(ordering: .relaxed) }
+}
+
+/// One owner of one `sd_event_source *`: disabled and released by `close()`
+/// or deinit.
+final class EventSource {
+    private(set) var handle: OpaquePointer?
+
+    /// Takes ownership of `handle`, just returned by an `sd_event_add_*` call.
+    init(_ handle: OpaquePointer) {
+        self.handle = handle
+        EventSourceAccounting.liveCount.add(1, ordering: .relaxed)
+        EventSourceAccounting.createdCount.add(1, ordering: .relaxed)
+        sd_event_source_set_destroy_callback(handle) { _ in
+            EventSourceAccounting.liveCount.subtract(1, ordering: .relaxed)
+        }
+    }
+
+    /// Turns the source off and drops it; a pending dispatch is cancelled.
+    /// The corresponding C function is `sd_event_source_disable_unref`.
+    func close() {
+        if let h = handle {
+            handle = nil
+            sd_event_source_disable_unref(h)
+        }
+    }
+
+    deinit { close() }
+}

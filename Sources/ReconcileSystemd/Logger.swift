@@ -1,0 +1,108 @@
+import CSystemd
+import Glibc
+
+/// Syslog priorities, as journald and `<N>` stderr prefixes use them.
+public enum LogLevel: Int32, Comparable, Sendable, CaseIterable {
+    case emergency = 0, alert, critical, error, warning, notice, info, debug
+
+    public static func < (a: LogLevel, b: LogLevel) -> Bool { a.rawValue < b.rawValue }
+}
+
+/// One log line with structured fields (`SUBSCRIPTION=`, `OUTCOME=` ...).
+public struct LogRecord: Sendable {
+    public var level: LogLevel
+    public var message: String
+    /// Field names are upper case letters, digits and `_`.
+    public var fields: [String: String]
+}
+
+/// Where log records go.
+public struct LogHandler: Sendable {
+    let write: @Sendable (LogRecord) -> Void
+
+    /// A handler that calls `write` for every record (the host's own sink).
+    public init(_ write: @escaping @Sendable (LogRecord) -> Void) { self.write = write }
+
+    /// journald, with the record's fields as journal fields.
+    /// The corresponding C function is `sd_journal_sendv`.
+    public static let journal = LogHandler { record in
+        var entries = ["MESSAGE=\(record.message)", "PRIORITY=\(record.level.rawValue)"]
+        for (k, v) in record.fields.sorted(by: { $0.key < $1.key }) { entries.append("\(sanitize(k))=\(v)") }
+        sendJournal(entries)
+    }
+
+    /// Standard error: one line per record with a `<N>` priority prefix (which
+    /// journald understands when it reads the stream), or a plain level name
+    /// on a terminal.
+    public static let stderr = LogHandler { record in
+        let line: String
+        if isatty(2) == 1 {
+            line = "\(record.level): \(record.message)\n"
+        } else {
+            line = "<\(record.level.rawValue)>\(record.message)\n"
+        }
+        var bytes = Array(line.utf8)
+        _ = Glibc.write(2, &bytes, bytes.count)
+    }
+
+    /// journald when standard error is connected to the journal
+    /// (`JOURNAL_STREAM` names it), else `stderr`.
+    public static var automatic: LogHandler { stderrIsJournal() ? .journal : .stderr }
+
+    /// Whether fd 2 is the stream `JOURNAL_STREAM` names (`device:inode`).
+    public static func stderrIsJournal() -> Bool {
+        guard let value = getenv("JOURNAL_STREAM").map({ String(cString: $0) }) else { return false }
+        let parts = value.split(separator: ":")
+        guard parts.count == 2, let dev = UInt64(parts[0]), let ino = UInt64(parts[1]) else { return false }
+        var st = stat()
+        guard fstat(2, &st) == 0 else { return false }
+        return UInt64(st.st_dev) == dev && UInt64(st.st_ino) == ino
+    }
+}
+
+private func sanitize(_ key: String) -> String {
+    let mapped = key.uppercased().map { c -> Character in (c.isLetter && c.isASCII) || c.isNumber || c == "_" ? c : "_" }
+    let s = String(mapped).drop { $0 == "_" || $0.isNumber }
+    return s.isEmpty ? "FIELD" : String(s)
+}
+
+private func sendJournal(_ entries: [String]) {
+    var storage = entries.map { Array($0.utf8) }
+    var iovecs: [iovec] = []
+    iovecs.reserveCapacity(storage.count)
+    for i in storage.indices {
+        storage[i].withUnsafeMutableBytes { b in
+            iovecs.append(iovec(iov_base: b.baseAddress, iov_len: b.count))
+        }
+    }
+    // The pointers stay valid: `storage` is not touched until the call returns.
+    withExtendedLifetime(storage) {
+        _ = sd_journal_sendv(&iovecs, Int32(iovecs.count))
+    }
+}
+
+/// A small logging facade: a minimum level and a handler.
+public struct Logger: Sendable {
+    /// Records below this level are dropped.
+    public var level: LogLevel
+    /// Where records go.
+    public var handler: LogHandler
+
+    /// A logger at `level` writing to `handler` (journald or stderr by default).
+    public init(level: LogLevel = .info, handler: LogHandler = .automatic) {
+        self.level = level
+        self.handler = handler
+    }
+
+    /// Logs `message` with `fields` at `level`.
+    public func log(_ level: LogLevel, _ message: @autoclosure () -> String, _ fields: @autoclosure () -> [String: String] = [:]) {
+        guard level <= self.level else { return }
+        handler.write(LogRecord(level: level, message: message(), fields: fields()))
+    }
+
+    public func debug(_ m: @autoclosure () -> String, _ f: @autoclosure () -> [String: String] = [:]) { log(.debug, m(), f()) }
+    public func info(_ m: @autoclosure () -> String, _ f: @autoclosure () -> [String: String] = [:]) { log(.info, m(), f()) }
+    public func notice(_ m: @autoclosure () -> String, _ f: @autoclosure () -> [String: String] = [:]) { log(.notice, m(), f()) }
+    public func warning(_ m: @autoclosure () -> String, _ f: @autoclosure () -> [String: String] = [:]) { log(.warning, m(), f()) }
+    public func error(_ m: @autoclosure () -> String, _ f: @autoclosure () -> [String: String] = [:]) { log(.error, m(), f()) }
+}

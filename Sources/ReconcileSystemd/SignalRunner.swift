@@ -1,0 +1,66 @@
+import CSystemd
+import Glibc
+import Reconcile
+
+/// Blocking signals so the loop can read them (sd-event uses signalfd).
+public enum Signals {
+    /// Blocks `signals` in the calling thread. Call it first thing in `main`,
+    /// before any thread starts: threads inherit the mask, and a signal that
+    /// is blocked in only some threads may still kill the process.
+    /// The corresponding C function is `pthread_sigmask`.
+    public static func block(_ signals: [SignalSource.Signal] = SignalSource.Signal.allCases) throws(SystemdError) {
+        let numbers = signals.map(\.rawValue)
+        _ = try numbers.withUnsafeBufferPointer { (b) throws(SystemdError) in
+            try check("pthread_sigmask", CSystemd_block_signals(b.baseAddress, Int32(b.count)))
+        }
+    }
+
+    /// Whether `signal` is blocked in the calling thread.
+    public static func isBlocked(_ signal: SignalSource.Signal) -> Bool {
+        CSystemd_signal_is_blocked(signal.rawValue) == 1
+    }
+}
+
+extension SignalSource: SystemdSource {
+    public static func start(_ ticket: SourceTicket, _ configuration: Signal, context: SourceContext) throws -> any RunningSource {
+        try SignalRunner(ticket: ticket, signal: configuration, loop: context.loop)
+    }
+}
+
+/// A signal read through the loop (signalfd), never in an async handler.
+final class SignalRunner: RunningSource {
+    private let ticket: SourceTicket
+    private let signal: SignalSource.Signal
+    private var source: EventSource?
+
+    init(ticket: SourceTicket, signal: SignalSource.Signal, loop: EventLoop) throws {
+        self.ticket = ticket
+        self.signal = signal
+        guard Signals.isBlocked(signal) else {
+            throw SourceFailure(operation: "sd_event_add_signal", code: EBUSY,
+                                reason: "\(signal) is not blocked: call Signals.block() at the start of main, before any thread starts")
+        }
+        var s: OpaquePointer?
+        let r = sd_event_add_signal(loop.handle, &s, signal.rawValue, { _, info, ud in
+            Unmanaged<SignalRunner>.fromOpaque(ud!).takeUnretainedValue().received(Int32(bitPattern: info?.pointee.ssi_pid ?? 0))
+            return 0
+        }, Unmanaged.passUnretained(self).toOpaque())
+        if r == -EBUSY {
+            throw SourceFailure(operation: "sd_event_add_signal", code: EBUSY,
+                                reason: "\(signal) already has a source on this loop (the Daemon handles its shutdown signals unless told not to)")
+        }
+        try check("sd_event_add_signal", r)
+        source = EventSource(s!)
+    }
+
+    private func received(_ sender: Int32) {
+        ticket.emit(SignalSource.Event.received(signal, sender: sender))
+    }
+
+    func retune(to configuration: AnyHashable) throws {}
+
+    func stop() {
+        source?.close()
+        source = nil
+    }
+}

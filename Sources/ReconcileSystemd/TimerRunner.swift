@@ -1,0 +1,93 @@
+import CSystemd
+import Glibc
+import Reconcile
+
+extension TimerSource.Clock {
+    /// The Linux clock id.
+    public var clockID: clockid_t {
+        switch self {
+        case .monotonic: CLOCK_MONOTONIC
+        case .boottime: CLOCK_BOOTTIME
+        case .realtime: CLOCK_REALTIME
+        }
+    }
+}
+
+extension TimerSource: SystemdSource {
+    public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
+        try TimerRunner(ticket: ticket, configuration: configuration, loop: context.loop)
+    }
+}
+
+/// A timer on sd-event's timerfd. Tick *k* is due at origin + *k*·interval;
+/// each firing re-arms from the schedule, not from the wake-up time, so it
+/// does not drift; a late loop gets one tick with `missed` set.
+final class TimerRunner: RunningSource {
+    private let ticket: SourceTicket
+    private let loop: EventLoop
+    private let clock: clockid_t
+    private let repeats: Bool
+    private var source: EventSource?
+    private var origin: UInt64
+    private var interval: UInt64
+    private var leeway: UInt64
+    private var sequence: UInt64 = 0
+    private var fired = false
+
+    init(ticket: SourceTicket, configuration c: TimerSource.Configuration, loop: EventLoop) throws {
+        self.ticket = ticket
+        self.loop = loop
+        clock = c.clock.clockID
+        repeats = c.repeats
+        interval = UInt64(max(1, c.interval.microseconds))
+        leeway = UInt64(max(1, c.leeway.microseconds))
+        origin = loop.now(clock)
+        var s: OpaquePointer?
+        try check("sd_event_add_time", sd_event_add_time(
+            loop.handle, &s, clock, origin &+ interval, leeway,
+            { _, _, ud in
+                Unmanaged<TimerRunner>.fromOpaque(ud!).takeUnretainedValue().fire()
+                return 0
+            }, Unmanaged.passUnretained(self).toOpaque()))
+        source = EventSource(s!)
+    }
+
+    private func fire() {
+        guard let handle = source?.handle else { return }
+        let now = loop.now(clock)
+        let due = max(sequence + 1, now >= origin ? (now - origin) / interval : 0)
+        let missed = due - sequence - 1
+        sequence = due
+        if repeats {
+            // Re-arm before emitting: the program may stop this timer.
+            sd_event_source_set_time(handle, origin &+ (due + 1) &* interval)
+            sd_event_source_set_enabled(handle, Int32(SD_EVENT_ONESHOT))
+        } else {
+            fired = true
+        }
+        ticket.emit(TimerSource.Event.tick(.init(sequence: due, missed: missed)))
+    }
+
+    func retune(to configuration: AnyHashable) throws {
+        guard let c = configuration.base as? TimerSource.Configuration, let handle = source?.handle else { return }
+        let newInterval = UInt64(max(1, c.interval.microseconds))
+        leeway = UInt64(max(1, c.leeway.microseconds))
+        try check("sd_event_source_set_time_accuracy", sd_event_source_set_time_accuracy(handle, leeway))
+        if repeats {
+            // The next tick is one new interval after the last due time.
+            origin = origin &+ sequence &* interval
+            sequence = 0
+            interval = newInterval
+        } else {
+            interval = newInterval
+            if fired { return }
+        }
+        try check("sd_event_source_set_time", sd_event_source_set_time(handle, origin &+ (sequence + 1) &* interval))
+        try check("sd_event_source_set_enabled", sd_event_source_set_enabled(handle, Int32(SD_EVENT_ONESHOT)))
+    }
+
+    func stop() {
+        source?.close()
+        source = nil
+    }
+}
