@@ -13,7 +13,7 @@ build: deps
 # Builds everything (warnings are errors) and runs every test.
 test: deps
 	$(SWIFT) build --build-tests $(SWIFTFLAGS)
-	$(SWIFT) test --skip-build
+	timeout 1500 $(SWIFT) test --skip-build
 
 clean:
 	rm -rf .build

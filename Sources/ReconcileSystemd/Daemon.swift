@@ -107,8 +107,9 @@ public final class Daemon<P: Program> {
 
     private func installShutdownSignals() throws {
         guard !options.shutdownSignals.isEmpty else { return }
-        let unblocked = options.shutdownSignals.filter { !Signals.isBlocked($0) }
+        let unblocked = Signals.notBlockedEverywhere(options.shutdownSignals)
         if !unblocked.isEmpty {
+            // Blocking now covers only this thread (and threads it starts later).
             let threads = threadCount()
             guard threads <= 1 else { throw DaemonError.signalsNotBlocked(unblocked, threads: threads) }
             try Signals.block(unblocked)

@@ -49,6 +49,7 @@ final class FileWatchRunner: RunningSource {
     private var exists = false
     private var pending: [FileWatchSource.Event] = []
     private var needsRearm = false
+    private var armed = false
 
     private static let parentMask = UInt32(IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CLOSE_WRITE
         | IN_MODIFY | IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
@@ -104,12 +105,14 @@ final class FileWatchRunner: RunningSource {
         } catch where error.errno == ENOENT || error.errno == ENOTDIR {
             exists = false
             if existed { record(.deleted) }
+            armed = true
             try waitForAncestor()
             return
         }
         exists = pathExists()
         armTarget()
-        if exists != existed { record(exists ? .created : .deleted) }
+        if armed && exists != existed { record(exists ? .created : .deleted) }
+        armed = true
     }
 
     /// A directory path is watched for its entries; a followed symlink for its

@@ -19,6 +19,36 @@ public enum Signals {
     public static func isBlocked(_ signal: SignalSource.Signal) -> Bool {
         CSystemd_signal_is_blocked(signal.rawValue) == 1
     }
+
+    /// The signals among `signals` that some thread of this process does not
+    /// block (read from `/proc/self/task/*/status`). A signal not blocked
+    /// everywhere may be taken by another thread instead of the loop.
+    public static func notBlockedEverywhere(_ signals: [SignalSource.Signal]) -> [SignalSource.Signal] {
+        var blockedEverywhere = UInt64.max
+        guard let dir = opendir("/proc/self/task") else {
+            return signals.filter { !isBlocked($0) }
+        }
+        defer { closedir(dir) }
+        while let entry = readdir(dir) {
+            let tid = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard tid.first?.isNumber == true, let mask = blockedMask(tid) else { continue }
+            blockedEverywhere &= mask
+        }
+        return signals.filter { blockedEverywhere & (1 << UInt64($0.rawValue - 1)) == 0 }
+    }
+
+    private static func blockedMask(_ tid: String) -> UInt64? {
+        guard let f = fopen("/proc/self/task/\(tid)/status", "r") else { return nil }
+        defer { fclose(f) }
+        var line = [CChar](repeating: 0, count: 512)
+        while fgets(&line, Int32(line.count), f) != nil {
+            let text = String(decoding: line.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            if text.hasPrefix("SigBlk:") {
+                return UInt64(String(text.dropFirst(7)).trimmingCharacters(in: " \t\n"), radix: 16)
+            }
+        }
+        return nil
+    }
 }
 
 extension SignalSource: SystemdSource {
@@ -36,9 +66,9 @@ final class SignalRunner: RunningSource {
     init(ticket: SourceTicket, signal: SignalSource.Signal, loop: EventLoop) throws {
         self.ticket = ticket
         self.signal = signal
-        guard Signals.isBlocked(signal) else {
+        guard Signals.notBlockedEverywhere([signal]).isEmpty else {
             throw SourceFailure(operation: "sd_event_add_signal", code: EBUSY,
-                                reason: "\(signal) is not blocked: call Signals.block() at the start of main, before any thread starts")
+                                reason: "\(signal) is not blocked in every thread: call Signals.block() at the start of main, before any thread starts")
         }
         var s: OpaquePointer?
         let r = sd_event_add_signal(loop.handle, &s, signal.rawValue, { _, info, ud in
@@ -62,5 +92,14 @@ final class SignalRunner: RunningSource {
     func stop() {
         source?.close()
         source = nil
+    }
+}
+
+extension String {
+    fileprivate func trimmingCharacters(in set: String) -> String {
+        var s = Substring(self)
+        while let c = s.first, set.contains(c) { s.removeFirst() }
+        while let c = s.last, set.contains(c) { s.removeLast() }
+        return String(s)
     }
 }

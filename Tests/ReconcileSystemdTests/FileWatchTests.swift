@@ -1,0 +1,143 @@
+import Foundation
+import Reconcile
+import ReconcileSystemd
+import Testing
+
+/// Watches one path; records each event.
+struct Watcher: Program {
+    let path: String
+    var symlinks: FileWatchSource.Symlinks = .follow
+    func start() -> ([FileWatchSource.Event], [Never]) { ([], []) }
+    func update(_ m: inout [FileWatchSource.Event], _ e: FileWatchSource.Event) -> [Never] {
+        m.append(e)
+        return []
+    }
+    func subscriptions(_ m: [FileWatchSource.Event]) -> Subscriptions<FileWatchSource.Event> {
+        Subscriptions { Subscription.watch(path, symlinks: symlinks) { $0 } }
+    }
+}
+
+extension SystemdTests {
+    @Suite struct FileWatch {
+        let dir: String
+        init() throws { dir = try makeTemporaryDirectory() }
+
+        func events(_ h: Harness<Watcher>) -> [FileWatchSource.Event] { h.runtime.model }
+
+        @Test func seesCreateAfterWatchModifyAndDelete() throws {
+            defer { removeTree(dir) }
+            let file = dir + "/app.conf"
+            let h = try Harness(Watcher(path: file))
+            try writeFile(file, "a = 1\n")
+            try h.run(until: { events(h).contains(.created) })
+            try h.run(for: .milliseconds(20))
+            #expect(events(h) == [.created])
+            let fd = open(file, O_WRONLY | O_APPEND)
+            _ = write(fd, "b = 2\n", 6)
+            close(fd)
+            try h.run(until: { events(h).count == 2 })
+            #expect(events(h) == [.created, .modified])
+            unlink(file)
+            try h.run(until: { events(h).count == 3 })
+            #expect(events(h) == [.created, .modified, .deleted])
+        }
+
+        @Test func seesAtomicReplaceAsAChangeOfTheFile() throws {
+            defer { removeTree(dir) }
+            let file = dir + "/app.conf"
+            try writeFile(file, "v1")
+            let h = try Harness(Watcher(path: file))
+            try writeFile(dir + "/.app.conf.tmp", "v2")
+            try h.run(for: .milliseconds(20))
+            #expect(events(h).isEmpty)   // the temporary name is filtered out
+            rename(dir + "/.app.conf.tmp", file)
+            try h.run(until: { !events(h).isEmpty })
+            #expect(events(h) == [.replaced])
+            // Still watching the new inode.
+            try writeFile(file, "v3")
+            try h.run(until: { events(h).count == 2 })
+            #expect(events(h) == [.replaced, .modified])
+        }
+
+        @Test func waitsThroughMissingDirectoriesAndRearmsWhenTheyReturn() throws {
+            defer { removeTree(dir) }
+            let file = dir + "/a/b/app.conf"
+            let h = try Harness(Watcher(path: file))
+            try FileManager.default.createDirectory(atPath: dir + "/a/b", withIntermediateDirectories: true)
+            try h.run(for: .milliseconds(20))
+            try writeFile(file, "x")
+            try h.run(until: { events(h) == [.created] })
+            // The parent directory is removed: the file is gone.
+            removeTree(dir + "/a")
+            try h.run(until: { events(h) == [.created, .deleted] })
+            // ... and re-created, with the file.
+            try FileManager.default.createDirectory(atPath: dir + "/a/b", withIntermediateDirectories: true)
+            try writeFile(file, "y")
+            try h.run(until: { events(h).count >= 3 })
+            #expect(events(h) == [.created, .deleted, .created])
+            try writeFile(file, "z")
+            try h.run(until: { events(h).count >= 4 })
+            #expect(events(h).last == .modified)
+        }
+
+        @Test func burstOfWritesIsCoalesced() throws {
+            defer { removeTree(dir) }
+            let file = dir + "/burst"
+            try writeFile(file, "")
+            let h = try Harness(Watcher(path: file))
+            let fd = open(file, O_WRONLY)
+            for _ in 0..<200 { _ = write(fd, "x", 1) }
+            close(fd)
+            try h.run(until: { !events(h).isEmpty })
+            try h.run(for: .milliseconds(30))
+            #expect(events(h) == [.modified])
+        }
+
+        @Test func queueOverflowIsARescanEvent() throws {
+            defer { removeTree(dir) }
+            let file = dir + "/watched"
+            try writeFile(file, "")
+            let h = try Harness(Watcher(path: file))
+            // More events than the inotify queue holds, while the loop sleeps.
+            let limit = Int((try? String(contentsOfFile: "/proc/sys/fs/inotify/max_queued_events", encoding: .utf8))?
+                .trimmingCharacters(in: .whitespacesAndNewlines) ?? "16384") ?? 16384
+            for i in 0..<(limit / 2 + 100) {
+                let p = dir + "/f\(i)"
+                close(open(p, O_CREAT | O_WRONLY, 0o644))
+                unlink(p)
+            }
+            try h.run(until: { events(h).contains(.rescan) }, timeout: .seconds(20))
+            // After the rescan the watch still works.
+            try writeFile(file, "after")
+            try h.run(until: { events(h).last == .modified }, timeout: .seconds(20))
+        }
+
+        @Test func directoryPathSeesItsEntriesChange() throws {
+            defer { removeTree(dir) }
+            let sub = dir + "/conf.d"
+            try FileManager.default.createDirectory(atPath: sub, withIntermediateDirectories: true)
+            let h = try Harness(Watcher(path: sub))
+            try writeFile(sub + "/10-x.conf", "x")
+            try h.run(until: { events(h).contains(.modified) })
+        }
+
+        @Test func followedSymlinkSeesTargetChanges() throws {
+            defer { removeTree(dir) }
+            try writeFile(dir + "/target", "1")
+            symlink(dir + "/target", dir + "/link")
+            let h = try Harness(Watcher(path: dir + "/link"))
+            try writeFile(dir + "/target", "2")
+            try h.run(until: { events(h) == [.modified] })
+        }
+
+        @Test func relativePathIsAFailureEvent() throws {
+            defer { removeTree(dir) }
+            let h = try Harness(Watcher(path: "relative/path"))
+            guard case .failed(let f) = events(h).first else {
+                Issue.record("expected a failure, got \(events(h))")
+                return
+            }
+            #expect(f.reason.contains("absolute"))
+        }
+    }
+}

@@ -1,0 +1,181 @@
+import CSystemd
+import Foundation
+import Reconcile
+import ReconcileSystemd
+import Testing
+
+/// A loop, a driver and a runtime for one test; everything on this thread.
+final class Harness<P: Program> {
+    let loop: EventLoop
+    let driver: SystemdDriver
+    let runtime: Runtime<P>
+
+    init(_ program: P, loop: EventLoop? = nil, perform: @escaping (P.Command, Runtime<P>) -> Void = { _, _ in }) throws {
+        self.loop = try loop ?? EventLoop()
+        driver = SystemdDriver(loop: self.loop, logger: Logger(level: .error, handler: .stderr))
+        runtime = Runtime(program, driver: driver, perform: perform)
+        try runtime.start()
+    }
+
+    /// Runs the loop until `done` or the deadline; records an issue on timeout.
+    @discardableResult
+    func run(until done: () -> Bool, timeout: Duration = .seconds(5), sourceLocation: SourceLocation = #_sourceLocation) throws -> Bool {
+        let ok = try loop.run(until: done, timeout: timeout)
+        if !ok { Issue.record("timed out after \(timeout)", sourceLocation: sourceLocation) }
+        return ok
+    }
+
+    /// Runs the loop for `duration` (to show that nothing more happens).
+    func run(for duration: Duration) throws {
+        _ = try loop.run(until: { false }, timeout: duration)
+    }
+
+    deinit { runtime.shutdown() }
+}
+
+/// A fresh directory under the system's temporary directory.
+func makeTemporaryDirectory() throws -> String {
+    var template = Array((NSTemporaryDirectory() + "reconcile-XXXXXX").utf8CString)
+    guard let p = mkdtemp(&template) else { throw POSIXError(.init(rawValue: errno)!) }
+    return String(cString: p)
+}
+
+func removeTree(_ path: String) { try? FileManager.default.removeItem(atPath: path) }
+
+func writeFile(_ path: String, _ text: String) throws {
+    try text.write(toFile: path, atomically: false, encoding: .utf8)
+}
+
+/// Open file descriptors of this process.
+func openDescriptorCount() -> Int {
+    (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
+}
+
+/// Resident set size in bytes.
+func residentBytes() -> Int {
+    guard let text = try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8) else { return -1 }
+    let fields = text.split(separator: " ")
+    return (Int(fields[1]) ?? 0) * Int(sysconf(Int32(_SC_PAGESIZE)))
+}
+
+/// The path of an executable built next to the test bundle.
+func builtExecutable(_ name: String) -> String {
+    let bundle = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+    var candidate = bundle.appendingPathComponent(name).path
+    if !FileManager.default.fileExists(atPath: candidate) {
+        // `swift test` may run the bundle from inside `.xctest`.
+        candidate = bundle.deletingLastPathComponent().appendingPathComponent(name).path
+    }
+    return candidate
+}
+
+/// A unix datagram socket a child process sends sd_notify messages to.
+final class NotifySocket {
+    let path: String
+    let fd: Int32
+
+    init(directory: String) throws {
+        path = directory + "/notify.sock"
+        fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
+            let bytes = Array(path.utf8)
+            raw.copyBytes(from: bytes.prefix(raw.count - 1))
+        }
+        let r = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard r == 0 else { throw POSIXError(.init(rawValue: errno)!) }
+    }
+
+    /// The next datagram, or nil after `timeout`.
+    func receive(timeout: Duration) -> String? {
+        var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        guard poll(&p, 1, Int32(timeout.microseconds / 1000)) == 1 else { return nil }
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let n = recv(fd, &buffer, buffer.count, 0)
+        return n > 0 ? String(decoding: buffer[..<n], as: UTF8.self) : nil
+    }
+
+    /// Reads datagrams until one satisfies `match` (all of them returned).
+    func receive(until match: (String) -> Bool, timeout: Duration) -> [String] {
+        let deadline = ContinuousClock.now + timeout
+        var seen: [String] = []
+        while ContinuousClock.now < deadline {
+            guard let m = receive(timeout: deadline - ContinuousClock.now) else { break }
+            seen.append(m)
+            if match(m) { break }
+        }
+        return seen
+    }
+
+    deinit {
+        close(fd)
+        unlink(path)
+    }
+}
+
+/// A child process whose stdout is read line by line with deadlines.
+final class Child {
+    let process = Process()
+    private let output = Pipe()
+    private var buffer = Data()
+
+    init(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws {
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        var env = ProcessInfo.processInfo.environment
+        for (k, v) in environment { env[k] = v }
+        process.environment = env
+        process.standardOutput = output
+        try process.run()
+    }
+
+    var pid: Int32 { process.processIdentifier }
+
+    /// The next line of output, or nil after `timeout`.
+    func line(timeout: Duration = .seconds(10)) -> String? {
+        let deadline = ContinuousClock.now + timeout
+        let fd = output.fileHandleForReading.fileDescriptor
+        while true {
+            if let nl = buffer.firstIndex(of: 10) {
+                let line = String(decoding: buffer[buffer.startIndex..<nl], as: UTF8.self)
+                buffer.removeSubrange(buffer.startIndex...nl)
+                return line
+            }
+            let left = deadline - ContinuousClock.now
+            guard left > .zero else { return nil }
+            var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&p, 1, Int32(max(1, left.microseconds / 1000))) == 1 else { return nil }
+            var chunk = [UInt8](repeating: 0, count: 4096)
+            let n = read(fd, &chunk, chunk.count)
+            if n <= 0 { return nil }
+            buffer.append(contentsOf: chunk[..<n])
+        }
+    }
+
+    /// Reads lines until one satisfies `match`; returns it or nil.
+    func line(matching match: (String) -> Bool, timeout: Duration = .seconds(10)) -> String? {
+        let deadline = ContinuousClock.now + timeout
+        while let l = line(timeout: deadline - ContinuousClock.now) {
+            if match(l) { return l }
+        }
+        return nil
+    }
+
+    func signal(_ s: Int32) { kill(pid, s) }
+
+    /// Waits for exit; returns the status, or nil (and kills) after `timeout`.
+    func wait(timeout: Duration = .seconds(10)) -> Int32? {
+        let deadline = ContinuousClock.now + timeout
+        while process.isRunning && ContinuousClock.now < deadline { usleep(10_000) }
+        if process.isRunning {
+            process.terminate()
+            return nil
+        }
+        return process.terminationStatus
+    }
+
+    deinit { if process.isRunning { kill(pid, SIGKILL) } }
+}

@@ -1,0 +1,114 @@
+import CSystemd
+import Foundation
+import Reconcile
+import ReconcileSystemd
+import Testing
+
+/// One repeating timer; records each tick with the loop's time.
+struct Clocked: Program {
+    struct Model: Equatable {
+        var interval: Duration
+        var clock: TimerSource.Clock = .monotonic
+        var ticks: [TimerSource.Tick] = []
+        var blockOnTick: UInt64? = nil
+    }
+    enum Message { case tick(TimerSource.Event), interval(Duration) }
+    enum Command { case block(Duration) }
+    let initial: Model
+    func start() -> (Model, [Command]) { (initial, []) }
+    func update(_ model: inout Model, _ message: Message) -> [Command] {
+        switch message {
+        case .tick(.tick(let t)):
+            model.ticks.append(t)
+            if t.sequence == model.blockOnTick { return [.block(model.interval * 5)] }
+        case .tick(.failed): break
+        case .interval(let d): model.interval = d
+        }
+        return []
+    }
+    func subscriptions(_ model: Model) -> Subscriptions<Message> {
+        Subscriptions {
+            Subscription.every(model.interval, key: "t", clock: model.clock, leeway: .microseconds(1)) { .tick($0) }
+        }
+    }
+}
+
+func monotonicMicros(_ clock: clockid_t = CLOCK_MONOTONIC) -> Int64 {
+    var ts = timespec()
+    clock_gettime(clock, &ts)
+    return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
+}
+
+extension SystemdTests {
+    @Suite struct Timer {
+        @Test func hundredTicksAtTenMillisecondsDoNotDrift() throws {
+            var times: [UInt64: Int64] = [:]
+            var start: Int64 = 0
+            let h = try Harness(Clocked(initial: .init(interval: .milliseconds(10))))
+            start = monotonicMicros()
+            h.runtime.didCommit = { m in if let t = m.ticks.last { times[t.sequence] = monotonicMicros() } }
+            try h.run(until: { (h.runtime.model.ticks.last?.sequence ?? 0) >= 100 }, timeout: .seconds(10))
+            let ticks = h.runtime.model.ticks
+            // Every due time is accounted for: delivered or reported missed.
+            #expect(ticks.reduce(0) { $0 + 1 + $1.missed } == ticks.last!.sequence)
+            // Tick 100 is due at start + 1 s; with no drift it arrives within
+            // a few milliseconds of that, however late earlier ticks were.
+            let last = ticks.last!
+            let expected = start + Int64(last.sequence) * 10_000
+            let lateness = times[last.sequence]! - expected
+            #expect(lateness > -2_000 && lateness < 8_000, "tick \(last.sequence) lateness \(lateness) µs")
+            let lates = ticks.map { times[$0.sequence]! - (start + Int64($0.sequence) * 10_000) }.sorted()
+            print("timer drift: 100 ticks at 10 ms, median lateness \(lates[lates.count / 2]) µs, max \(lates.last!) µs, missed \(ticks.reduce(0) { $0 + $1.missed })")
+        }
+
+        @Test func blockedLoopYieldsOneTickWithMissedCount() throws {
+            var initial = Clocked.Model(interval: .milliseconds(20))
+            initial.blockOnTick = 1
+            let h = try Harness(Clocked(initial: initial)) { command, _ in
+                // The loop thread is stuck for five intervals.
+                if case .block(let d) = command { usleep(UInt32(d.microseconds) + 5_000) }
+            }
+            try h.run(until: { h.runtime.model.ticks.count >= 2 })
+            let ticks = h.runtime.model.ticks
+            #expect(ticks[0] == .init(sequence: 1, missed: 0))
+            // Five due times passed while blocked: one tick stands for the
+            // last of them and reports the four before it as missed.
+            #expect(ticks[1].sequence == 6)
+            #expect(ticks[1].missed == 4)
+            try h.run(until: { h.runtime.model.ticks.count >= 3 })
+            #expect(h.runtime.model.ticks[2] == .init(sequence: 7, missed: 0))
+        }
+
+        @Test func intervalChangeIsARetuneInPlace() throws {
+            let h = try Harness(Clocked(initial: .init(interval: .seconds(30))))
+            let created = EventSourceAccounting.created
+            try h.runtime.send(.interval(.milliseconds(10)))
+            try h.run(until: { h.runtime.model.ticks.count >= 3 })
+            #expect(h.runtime.stats.retunes == 1)
+            #expect(h.runtime.stats.starts == 1 && h.runtime.stats.stops == 0)
+            #expect(EventSourceAccounting.created == created)
+        }
+
+        @Test(arguments: [TimerSource.Clock.monotonic, .boottime, .realtime])
+        func everyClockTicks(clock: TimerSource.Clock) throws {
+            var initial = Clocked.Model(interval: .milliseconds(10))
+            initial.clock = clock
+            let h = try Harness(Clocked(initial: initial))
+            try h.run(until: { h.runtime.model.ticks.count >= 2 })
+        }
+
+        @Test func oneShotFiresOnce() throws {
+            struct P: Program {
+                func start() -> (Int, [Never]) { (0, []) }
+                func update(_ m: inout Int, _ e: TimerSource.Event) -> [Never] { m += 1; return [] }
+                func subscriptions(_ m: Int) -> Subscriptions<TimerSource.Event> {
+                    Subscriptions { Subscription.after(.milliseconds(10), key: "once", leeway: .microseconds(1)) { $0 } }
+                }
+            }
+            let h = try Harness(P())
+            try h.run(until: { h.runtime.model == 1 })
+            try h.run(for: .milliseconds(50))
+            #expect(h.runtime.model == 1)
+        }
+    }
+}
