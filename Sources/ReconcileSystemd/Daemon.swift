@@ -43,6 +43,7 @@ public final class Daemon<P: Program> {
     private var shutdownSources: [EventSource] = []
     private var signalHook: SignalHook?
     private var lastStatus: String?
+    private var ready = false
     private var exitCode: Int32 = 0
 
     /// A daemon running `program`; `perform` interprets its commands.
@@ -71,15 +72,18 @@ public final class Daemon<P: Program> {
         }
         try installShutdownSignals()
         state = .running
+        try runtime.start()
+        // READY after the first reconcile, with the status at that moment;
+        // STATUS updates only after READY.
+        lastStatus = runtime.program.status(runtime.model)
+        if options.notify {
+            ServiceManager.notify(statusLine(lastStatus).map { "READY=1\nSTATUS=\($0)" } ?? "READY=1")
+        }
+        ready = true
         if options.watchdog, let interval = ServiceManager.watchdogInterval {
             try check("sd_event_set_watchdog", sd_event_set_watchdog(loop.handle, 1))
             logger.info("watchdog enabled: \(interval.short)")
         }
-        try runtime.start()
-        if options.notify {
-            ServiceManager.notify(statusLine(runtime.program.status(runtime.model)).map { "READY=1\nSTATUS=\($0)" } ?? "READY=1")
-        }
-        lastStatus = runtime.program.status(runtime.model)
         let code = try loop.run()
         if state == .running { shutdown(reason: "loop ended") }
         return code == 0 ? exitCode : code
@@ -158,7 +162,7 @@ public final class Daemon<P: Program> {
             }
         }
         runtime.didCommit = { [unowned self] model in
-            guard options.notify, state == .running else { return }
+            guard options.notify, ready, state == .running else { return }
             let status = runtime.program.status(model)
             if status != lastStatus {
                 lastStatus = status

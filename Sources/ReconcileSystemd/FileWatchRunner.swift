@@ -4,7 +4,8 @@ import Reconcile
 
 extension FileWatchSource: SystemdSource {
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
-        try FileWatchRunner(ticket: ticket, configuration: configuration, loop: context.loop)
+        context.driver.keepInotifyOpen()
+        return try FileWatchRunner(ticket: ticket, configuration: configuration, loop: context.loop)
     }
 }
 

@@ -18,6 +18,7 @@ public final class SystemdDriver: Driver {
     private weak var host: (any DriverHost)?
     private var wakeSource: EventSource?
     private var wakeChannel: WakeChannel?
+    private var inotifyKeeper: EventSource?
 
     /// A driver for sources on `loop`.
     public init(loop: EventLoop, logger: Logger = Logger()) {
@@ -58,7 +59,7 @@ public final class SystemdDriver: Driver {
             return
         }
         do {
-            running[ObjectIdentifier(ticket)] = try kind._start(ticket, context: SourceContext(loop: loop, logger: logger))
+            running[ObjectIdentifier(ticket)] = try kind._start(ticket, context: SourceContext(loop: loop, logger: logger, driver: self))
         } catch {
             ticket.fail(Self.failure(error, ticket))
         }
@@ -82,9 +83,22 @@ public final class SystemdDriver: Driver {
         running = [:]
         wakeSource?.close()
         wakeSource = nil
+        inotifyKeeper?.close()
+        inotifyKeeper = nil
         wakeChannel?.close()
         wakeChannel = nil
         host = nil
+    }
+
+    /// sd-event closes its inotify fd when the last watch goes, and closing
+    /// an inotify fd waits for an RCU grace period (about a millisecond): a
+    /// watch that never fires keeps the fd while the driver is attached.
+    func keepInotifyOpen() {
+        guard inotifyKeeper == nil else { return }
+        var s: OpaquePointer?
+        if sd_event_add_inotify(loop.handle, &s, "/", UInt32(IN_DELETE_SELF), { _, _, _ in 0 }, nil) >= 0 {
+            inotifyKeeper = EventSource(s!)
+        }
     }
 
     static func failure(_ error: any Error, _ ticket: SourceTicket) -> SourceFailure {

@@ -26,6 +26,7 @@ public struct SourceContext {
     public let loop: EventLoop
     /// The driver's logger.
     public let logger: Logger
+    unowned let driver: SystemdDriver
 }
 
 extension SystemdSource {

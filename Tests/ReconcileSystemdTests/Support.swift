@@ -47,8 +47,8 @@ func writeFile(_ path: String, _ text: String) throws {
 }
 
 /// Open file descriptors of this process.
-func openDescriptorCount() -> Int {
-    (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
+func openDescriptors() -> Set<String> {
+    Set((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? [])
 }
 
 /// Resident set size in bytes.
