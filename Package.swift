@@ -19,7 +19,7 @@ let package = Package(
         .target(name: "ReconcileSystemd", dependencies: ["Reconcile", "CSystemd"], swiftSettings: strict),
         // A small daemon the driver tests run as a child process (signals,
         // sd_notify, the watchdog and shutdown are process-wide).
-        .executableTarget(name: "reconcile-probe", dependencies: ["Reconcile", "ReconcileSystemd"],
+        .executableTarget(name: "reconcile-probe", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd"],
                           path: "Tests/Probe", swiftSettings: strict),
         .testTarget(name: "ReconcileSystemdTests", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd"], swiftSettings: strict),
         .testTarget(name: "ReconcileTests", dependencies: ["Reconcile", "ReconcileTesting"], swiftSettings: strict),

@@ -52,13 +52,40 @@ struct WatchProgram: Program {
     }
 }
 
-func runDaemon<P: Program>(_ program: P) -> Int32 where P.Command == SignalProgram.Command {
+/// Follows connectivity and prints each change on one line.
+struct ConnectivityProgram: Program {
+    let configuration: ConnectivitySource.Configuration
+    enum Message { case connectivity(ConnectivitySource.Event) }
+    enum Command { case say(String) }
+    func start() -> (Int, [Command]) { (0, []) }
+    func update(_ model: inout Int, _ message: Message) -> [Command] {
+        model += 1
+        switch message {
+        case .connectivity(.changed(let c)):
+            let s = c.state
+            let ifaces = s.interfaces.map { "\($0.name):\($0.state.rawValue):\($0.addresses.count)" }.joined(separator: ",")
+            let addrs = s.interfaces.flatMap(\.addresses).joined(separator: ",")
+            let route = s.defaultRoute.map { "\($0)" } ?? "?"
+            return [.say("state=\(s.state.rawValue) online=\(s.online) default=\(route) backend=\(s.backend.rawValue) ifaces=\(ifaces) addrs=\(addrs)")]
+        case .connectivity(.failed(let f)):
+            return [.say("failed \(f.reason)")]
+        }
+    }
+    func subscriptions(_ model: Int) -> Subscriptions<Message> {
+        Subscriptions { Subscription.connectivity(configuration, key: "net") { .connectivity($0) } }
+    }
+}
+
+protocol Saying { var line: String { get } }
+extension SignalProgram.Command: Saying { var line: String { switch self { case .say(let s): s } } }
+extension WatchProgram.Command: Saying { var line: String { switch self { case .say(let s): s } } }
+extension ConnectivityProgram.Command: Saying { var line: String { switch self { case .say(let s): s } } }
+
+func runDaemon<P: Program>(_ program: P, logToStdout: Bool = false) -> Int32 where P.Command: Saying {
     do {
         var options = Daemon<P>.Options()
-        options.logger = Logger(level: .info, handler: .stderr)
-        let daemon = try Daemon(program, options: options) { command, _ in
-            switch command { case .say(let s): say(s) }
-        }
+        options.logger = Logger(level: .info, handler: logToStdout ? LogHandler { say("log: \($0.message)") } : .stderr)
+        let daemon = try Daemon(program, options: options) { command, _ in say(command.line) }
         say("running")
         let code = try daemon.run()
         say("exit \(code) stops=\(daemon.runtime.stats.stops) starts=\(daemon.runtime.stats.starts) live=\(EventSourceAccounting.live)")
@@ -76,19 +103,25 @@ switch args.count > 1 ? args[1] : "" {
 case "daemon":
     exit(runDaemon(SignalProgram()))
 case "watch" where args.count > 2:
-    do {
-        var options = Daemon<WatchProgram>.Options()
-        options.logger = Logger(level: .info, handler: .stderr)
-        let daemon = try Daemon(WatchProgram(path: args[2]), options: options) { command, _ in
-            switch command { case .say(let s): say(s) }
+    exit(runDaemon(WatchProgram(path: args[2])))
+case "connectivity":
+    var c = ConnectivitySource.Configuration()
+    var i = 2
+    while i + 1 < args.count {
+        switch args[i] {
+        case "--backend": c.backend = ConnectivitySource.Backend(rawValue: args[i + 1]) ?? .auto
+        case "--include": c.include.append(args[i + 1])
+        case "--exclude": c.exclude.append(args[i + 1])
+        case "--rcvbuf": c.receiveBuffer = Int(args[i + 1])
+        case "--settle": c.settle = .milliseconds(Int(args[i + 1]) ?? 0)
+        default: break
         }
-        say("running")
-        exit(try daemon.run())
-    } catch {
-        say("error \(error)")
-        exit(3)
+        i += 2
     }
+    exit(runDaemon(ConnectivityProgram(configuration: c), logToStdout: true))
+case "forge" where args.count > 2:
+    exit(forgeNetlink(to: UInt32(args[2]) ?? 0))
 default:
-    say("usage: reconcile-probe daemon | watch PATH")
+    say("usage: reconcile-probe daemon | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] | forge PORT")
     exit(2)
 }

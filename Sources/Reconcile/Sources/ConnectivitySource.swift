@@ -1,0 +1,197 @@
+/// The machine's connectivity: one event per change of what the subscriber
+/// sees, from the kernel (rtnetlink) or from systemd-networkd (D-Bus).
+public enum ConnectivitySource: Source {
+    public static let name = "connectivity"
+
+    /// Where the state comes from.
+    public enum Backend: String, Hashable, Sendable, CaseIterable {
+        /// networkd when it owns `org.freedesktop.network1` on the system bus,
+        /// else the kernel.
+        case auto
+        /// rtnetlink: links, addresses and routes; needs no daemon.
+        case kernel
+        /// systemd-networkd's `org.freedesktop.network1.Manager` properties.
+        case networkd
+    }
+
+    /// A connectivity watch's parameters.
+    public struct Configuration: Hashable, Sendable, CustomStringConvertible {
+        /// The backend.
+        public var backend: Backend
+        /// Interface name globs to include (empty: all but loopback).
+        public var include: [String]
+        /// Interface name globs to exclude (applied after `include`).
+        public var exclude: [String]
+        /// Report a state only after it has held this long (flapping links).
+        public var settle: Duration?
+        /// The kernel backend's socket receive buffer in bytes (nil: the
+        /// kernel default). Small values make overruns (and resyncs) likely.
+        public var receiveBuffer: Int?
+
+        public init(backend: Backend = .auto, include: [String] = [], exclude: [String] = [],
+                    settle: Duration? = nil, receiveBuffer: Int? = nil) {
+            self.backend = backend
+            self.include = include
+            self.exclude = exclude
+            self.settle = settle
+            self.receiveBuffer = receiveBuffer
+        }
+
+        /// Whether interface `name` passes the filters.
+        public func admits(_ name: String) -> Bool {
+            if !include.isEmpty && !include.contains(where: { glob($0, matches: name) }) { return false }
+            return !exclude.contains { glob($0, matches: name) }
+        }
+
+        public var description: String {
+            var parts = ["backend \(backend.rawValue)"]
+            if !include.isEmpty { parts.append("include \(include.joined(separator: ","))") }
+            if !exclude.isEmpty { parts.append("exclude \(exclude.joined(separator: ","))") }
+            if let settle { parts.append("settle \(settle.short)") }
+            if let receiveBuffer { parts.append("rcvbuf \(receiveBuffer)") }
+            return parts.joined(separator: " ")
+        }
+    }
+
+    /// networkd's operational states, in order.
+    public enum OperationalState: String, Hashable, Sendable, Comparable, CaseIterable {
+        case off, noCarrier = "no-carrier", dormant, degradedCarrier = "degraded-carrier", carrier,
+             degraded, enslaved, routable
+
+        public static func < (a: Self, b: Self) -> Bool {
+            allCases.firstIndex(of: a)! < allCases.firstIndex(of: b)!
+        }
+    }
+
+    /// One interface as the subscriber sees it.
+    public struct Interface: Hashable, Sendable {
+        public var name: String
+        public var index: Int32
+        public var state: OperationalState
+        /// Addresses with prefix length (`192.168.1.2/24`, `fe80::1/64`).
+        public var addresses: [String]
+
+        public init(name: String, index: Int32, state: OperationalState, addresses: [String]) {
+            self.name = name
+            self.index = index
+            self.state = state
+            self.addresses = addresses
+        }
+    }
+
+    /// What the subscriber sees. Two states that compare equal are the same
+    /// report: an event is emitted only when this changes.
+    public struct State: Hashable, Sendable {
+        /// The overall operational state: the highest over included links.
+        public var state: OperationalState
+        /// Routable and a default route exists (kernel); networkd's
+        /// OnlineState, or routable when it has none (networkd).
+        public var online: Bool
+        /// Whether an IPv4 or IPv6 default route exists (nil: the backend
+        /// does not know).
+        public var defaultRoute: Bool?
+        /// The included interfaces, by index.
+        public var interfaces: [Interface]
+        /// The backend that answered (`kernel` or `networkd`).
+        public var backend: Backend
+
+        public init(state: OperationalState, online: Bool, defaultRoute: Bool?, interfaces: [Interface], backend: Backend) {
+            self.state = state
+            self.online = online
+            self.defaultRoute = defaultRoute
+            self.interfaces = interfaces
+            self.backend = backend
+        }
+
+        /// The interface that makes the machine online, if one is routable.
+        public var primary: Interface? {
+            interfaces.first { $0.state == .routable } ?? interfaces.max { $0.state < $1.state }
+        }
+    }
+
+    /// A reported change.
+    public struct Change: Hashable, Sendable {
+        /// The new state.
+        public var state: State
+        /// When it changed (or, with settle, when it started to hold):
+        /// microseconds since the Unix epoch.
+        public var changedAt: Int64
+
+        public init(state: State, changedAt: Int64) {
+            self.state = state
+            self.changedAt = changedAt
+        }
+    }
+
+    /// What a connectivity watch reports.
+    public enum Event: Hashable, Sendable {
+        /// The state changed (the first event is the initial state).
+        case changed(Change)
+        /// The backend failed (no bus, networkd gone, socket error). The
+        /// source keeps trying and reports `.changed` when it recovers.
+        case failed(SourceFailure)
+    }
+
+    public static func failed(_ failure: SourceFailure) -> Event { .failed(failure) }
+
+    /// Filters and settle change in place; a backend change restarts.
+    public static func canRetune(from old: Configuration, to new: Configuration) -> Bool {
+        old.backend == new.backend && old.receiveBuffer == new.receiveBuffer
+    }
+}
+
+extension Subscription {
+    /// A connectivity watch keyed by `key`.
+    public static func connectivity<Key: Hashable & Sendable>(
+        _ configuration: ConnectivitySource.Configuration = .init(), key: Key,
+        _ tag: @escaping (ConnectivitySource.Event) -> Message
+    ) -> Subscription {
+        Subscription(ConnectivitySource.self, key: key, configuration: configuration, tag: tag)
+    }
+}
+
+/// Shell-style glob: `*`, `?` and `[...]` (with `!` or `^` negation and ranges).
+public func glob(_ pattern: String, matches name: String) -> Bool {
+    let p = Array(pattern.unicodeScalars), s = Array(name.unicodeScalars)
+    var pi = 0, si = 0, starP = -1, starS = 0
+    while si < s.count {
+        if pi < p.count {
+            switch p[pi] {
+            case "*":
+                starP = pi; starS = si; pi += 1; continue
+            case "?":
+                pi += 1; si += 1; continue
+            case "[":
+                if let (ok, next) = matchClass(p, pi, s[si]) {
+                    if ok { pi = next; si += 1; continue }
+                } else if p[pi] == s[si] { pi += 1; si += 1; continue }
+            default:
+                if p[pi] == s[si] { pi += 1; si += 1; continue }
+            }
+        }
+        guard starP >= 0 else { return false }
+        pi = starP + 1; starS += 1; si = starS
+    }
+    while pi < p.count && p[pi] == "*" { pi += 1 }
+    return pi == p.count
+}
+
+private func matchClass(_ p: [Unicode.Scalar], _ start: Int, _ c: Unicode.Scalar) -> (Bool, Int)? {
+    var i = start + 1
+    var negate = false
+    if i < p.count && (p[i] == "!" || p[i] == "^") { negate = true; i += 1 }
+    var matched = false
+    var first = true
+    while i < p.count && (p[i] != "]" || first) {
+        first = false
+        if i + 2 < p.count && p[i + 1] == "-" && p[i + 2] != "]" {
+            if p[i] <= c && c <= p[i + 2] { matched = true }
+            i += 3
+        } else {
+            if p[i] == c { matched = true }
+            i += 1
+        }
+    }
+    guard i < p.count else { return nil }   // no closing bracket: literal '['
+    return (matched != negate, i + 1)
+}

@@ -1,0 +1,199 @@
+import CSystemd
+import Glibc
+import Reconcile
+
+/// The kernel backend: an rtnetlink socket on the loop.
+///
+/// Two sockets: one joined to the link, address and route groups for
+/// notifications, one for dumps (flow-controlled by the kernel, so a flood of
+/// notifications cannot cut a dump short). Dumps links, then addresses, then
+/// routes, one at a time, each repeated when the kernel marks it interrupted.
+/// When the notification socket overruns (ENOBUFS) events were lost: the
+/// tables are rebuilt from fresh dumps and the corrected state reported.
+/// Only messages from the kernel (sender port id 0) are believed.
+final class KernelConnectivity: RunningSource {
+    private let reporter: ConnectivityReporter
+    private let logger: Logger
+    private let fd: Int32
+    private let dumpFD: Int32
+    private var source: EventSource?
+    private var dumpSource: EventSource?
+    private var table = LinkTable()
+    private var sequence: UInt32 = 0
+    private var dumpQueue: [UInt16] = []
+    private var dumping: UInt16?
+    private var dumpInterrupted = false
+    private var resyncPending = false
+    private var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+    /// Counters for logs and tests.
+    private(set) var resyncs = 0, forged = 0
+
+    init(ticket: SourceTicket, configuration: ConnectivitySource.Configuration, context: SourceContext) throws {
+        reporter = ConnectivityReporter(ticket: ticket, configuration: configuration, loop: context.loop)
+        logger = context.logger
+        let flags = Int32(SOCK_RAW.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
+        fd = socket(AF_NETLINK, flags, NETLINK_ROUTE)
+        try checkLibc("socket(AF_NETLINK)", fd)
+        dumpFD = socket(AF_NETLINK, flags, NETLINK_ROUTE)
+        do {
+            try checkLibc("socket(AF_NETLINK)", dumpFD)
+            if var size = configuration.receiveBuffer.map(Int32.init) {
+                // SO_RCVBUFFORCE (root) ignores rmem_max; fall back to SO_RCVBUF.
+                if setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &size, 4) < 0 {
+                    try checkLibc("setsockopt(SO_RCVBUF)", setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, 4))
+                }
+            }
+            var addr = sockaddr_nl()
+            addr.nl_family = sa_family_t(AF_NETLINK)
+            addr.nl_groups = UInt32(RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE)
+            try checkLibc("bind(AF_NETLINK)", withUnsafePointer(to: &addr) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_nl>.size)) }
+            })
+            var bound = sockaddr_nl()
+            var len = socklen_t(MemoryLayout<sockaddr_nl>.size)
+            _ = withUnsafeMutablePointer(to: &bound) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) }
+            }
+            logger.info("connectivity: netlink socket port \(bound.nl_pid)", ["NETLINK_PORT": "\(bound.nl_pid)"])
+            var s: OpaquePointer?
+            try check("sd_event_add_io", sd_event_add_io(context.loop.handle, &s, fd, UInt32(EPOLLIN.rawValue), { _, fd, _, ud in
+                Unmanaged<KernelConnectivity>.fromOpaque(ud!).takeUnretainedValue().readable(fd)
+                return 0
+            }, Unmanaged.passUnretained(self).toOpaque()))
+            source = EventSource(s!)
+            try check("sd_event_add_io", sd_event_add_io(context.loop.handle, &s, dumpFD, UInt32(EPOLLIN.rawValue), { _, fd, _, ud in
+                Unmanaged<KernelConnectivity>.fromOpaque(ud!).takeUnretainedValue().readable(fd)
+                return 0
+            }, Unmanaged.passUnretained(self).toOpaque()))
+            dumpSource = EventSource(s!)
+            resync()
+        } catch {
+            source?.close()
+            close(fd)
+            if dumpFD >= 0 { close(dumpFD) }
+            throw error
+        }
+    }
+
+    /// Starts (or restarts) the three dumps into a fresh table. A socket runs
+    /// one dump at a time: during a dump, the restart waits for its end.
+    private func resync() {
+        guard dumping == nil else {
+            resyncPending = true
+            return
+        }
+        resyncPending = false
+        table = LinkTable()
+        dumpQueue = [NL.getLink, NL.getAddr, NL.getRoute]
+        dumping = nil
+        nextDump()
+    }
+
+    private func nextDump() {
+        guard dumping == nil, !dumpQueue.isEmpty else { return }
+        let type = dumpQueue.removeFirst()
+        sendDump(type)
+    }
+
+    private func sendDump(_ type: UInt16) {
+        sequence &+= 1
+        dumping = type
+        dumpInterrupted = false
+        var request = dumpRequest(type: type, sequence: sequence)
+        var kernel = sockaddr_nl()
+        kernel.nl_family = sa_family_t(AF_NETLINK)
+        let r = withUnsafePointer(to: &kernel) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                sendto(dumpFD, &request, request.count, 0, $0, socklen_t(MemoryLayout<sockaddr_nl>.size))
+            }
+        }
+        if r < 0 { reporter.fail(SystemdError("sendto(netlink dump)", errno: errno).failure) }
+    }
+
+    private func readable(_ fd: Int32) {
+        while true {
+            var from = sockaddr_nl()
+            var iov = iovec()
+            let n: Int = buffer.withUnsafeMutableBytes { b in
+                iov.iov_base = b.baseAddress
+                iov.iov_len = b.count
+                return withUnsafeMutablePointer(to: &from) { fromPtr in
+                    withUnsafeMutablePointer(to: &iov) { iovPtr in
+                        var msg = msghdr()
+                        msg.msg_name = UnsafeMutableRawPointer(fromPtr)
+                        msg.msg_namelen = socklen_t(MemoryLayout<sockaddr_nl>.size)
+                        msg.msg_iov = iovPtr
+                        msg.msg_iovlen = 1
+                        return recvmsg(fd, &msg, 0)
+                    }
+                }
+            }
+            if n < 0 {
+                switch errno {
+                case EAGAIN, EWOULDBLOCK: settle(); return
+                case EINTR: continue
+                case ENOBUFS:
+                    resyncs += 1
+                    logger.notice("connectivity: netlink overrun (ENOBUFS), resyncing", ["RESYNC": "\(resyncs)"])
+                    resync()
+                    continue
+                default:
+                    reporter.fail(SystemdError("recvmsg(netlink)", errno: errno).failure)
+                    return
+                }
+            }
+            guard n > 0 else { return }
+            // Believe only the kernel.
+            guard from.nl_pid == 0 else {
+                forged += 1
+                logger.warning("connectivity: dropped a netlink message from port \(from.nl_pid)", ["SENDER_PORT": "\(from.nl_pid)"])
+                continue
+            }
+            buffer.withUnsafeBytes { b in
+                for envelope in parseNetlink(UnsafeRawBufferPointer(rebasing: b[0..<n])) {
+                    handle(envelope, dumpReply: fd == dumpFD)
+                }
+            }
+        }
+    }
+
+    private func handle(_ e: NetlinkEnvelope, dumpReply: Bool) {
+        let isDumpReply = dumpReply && dumping != nil && e.sequence == sequence
+        if isDumpReply && e.flags & NL.fDumpIntr != 0 { dumpInterrupted = true }
+        switch e.message {
+        case .done where isDumpReply, .error where isDumpReply:
+            let type = dumping!
+            dumping = nil
+            if case .error(let code) = e.message, code != 0 {
+                guard code == ENOBUFS || code == EBUSY || code == EINTR else {
+                    reporter.fail(SourceFailure(operation: "netlink dump", code: code, reason: "the kernel refused the dump"))
+                    return
+                }
+                resyncPending = true
+            }
+            if resyncPending { resync() } else if dumpInterrupted { sendDump(type) } else { nextDump() }
+        default:
+            table.apply(e.message)
+        }
+    }
+
+    /// After a batch: report if no dump is under way.
+    private func settle() {
+        guard dumping == nil, dumpQueue.isEmpty, !resyncPending else { return }
+        reporter.offer(table.state(admits: reporter.configuration.admits, backend: .kernel))
+    }
+
+    func retune(to configuration: AnyHashable) throws {
+        guard let c = configuration.base as? ConnectivitySource.Configuration else { return }
+        reporter.retune(c)
+        settle()
+    }
+
+    func stop() {
+        reporter.stop()
+        source?.close(); source = nil
+        dumpSource?.close(); dumpSource = nil
+        close(fd)
+        close(dumpFD)
+    }
+}

@@ -1,0 +1,156 @@
+import Foundation
+import Reconcile
+import ReconcileSystemd
+import Testing
+
+/// Runs a command to completion; records an issue if it fails.
+@discardableResult
+func sh(_ command: String, sourceLocation: SourceLocation = #_sourceLocation) -> Bool {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: "/bin/sh")
+    p.arguments = ["-c", command]
+    do { try p.run() } catch {
+        Issue.record("cannot run \(command): \(error)", sourceLocation: sourceLocation)
+        return false
+    }
+    p.waitUntilExit()
+    if p.terminationStatus != 0 { Issue.record("`\(command)` exited \(p.terminationStatus)", sourceLocation: sourceLocation) }
+    return p.terminationStatus == 0
+}
+
+/// The probe following connectivity in a fresh network namespace.
+final class NetnsProbe {
+    let child: Child
+    init(_ arguments: [String]) throws {
+        child = try Child("/usr/bin/unshare", ["-n", builtExecutable("reconcile-probe"), "connectivity"] + arguments)
+    }
+    /// `ip ...` (or any command) inside the probe's namespace.
+    @discardableResult
+    func inside(_ command: String, sourceLocation: SourceLocation = #_sourceLocation) -> Bool {
+        sh("nsenter -t \(child.pid) -n \(command)", sourceLocation: sourceLocation)
+    }
+    /// The next state or failure line (log lines skipped).
+    func next(timeout: Duration = .seconds(10)) -> String? {
+        child.line(matching: { !$0.hasPrefix("log:") && $0 != "running" }, timeout: timeout)
+    }
+    /// A log line containing `text`.
+    func log(containing text: String, timeout: Duration = .seconds(10)) -> String? {
+        child.line(matching: { $0.hasPrefix("log:") && $0.contains(text) }, timeout: timeout)
+    }
+    /// Expects no further state line for a while.
+    func expectQuiet(for duration: Duration = .milliseconds(300), sourceLocation: SourceLocation = #_sourceLocation) {
+        if let extra = next(timeout: duration) { Issue.record("unexpected: \(extra)", sourceLocation: sourceLocation) }
+    }
+    deinit {
+        child.signal(SIGTERM)
+        _ = child.wait()
+    }
+}
+
+func line(_ state: String, online: Bool = false, route: Bool = false, _ ifaces: String = "", _ addrs: String = "") -> String {
+    "state=\(state) online=\(online) default=\(route) backend=kernel ifaces=\(ifaces) addrs=\(addrs)"
+}
+
+extension SystemdTests {
+    @Suite struct Connectivity {
+        @Test func kernelBackendReportsEachTransitionOnceInOrder() throws {
+            let p = try NetnsProbe(["--backend", "kernel", "--include", "veth0"])
+            #expect(p.next() == line("off"))
+            p.inside("ip link add veth0 type veth peer name veth1")
+            p.inside("ip link set veth0 addrgenmode none")
+            #expect(p.next() == line("off", "veth0:off:0"))
+            p.inside("ip link set veth0 up")
+            #expect(p.next() == line("no-carrier", "veth0:no-carrier:0"))
+            p.inside("ip link set veth1 up")
+            #expect(p.next() == line("carrier", "veth0:carrier:0"))
+            p.inside("ip addr add 10.0.0.1/24 dev veth0")
+            #expect(p.next() == line("routable", "veth0:routable:1", "10.0.0.1/24"))
+            p.inside("ip route add default via 10.0.0.2")
+            #expect(p.next() == line("routable", online: true, route: true, "veth0:routable:1", "10.0.0.1/24"))
+            p.inside("ip addr add 2001:db8::1/64 dev veth0 nodad")
+            #expect(p.next() == line("routable", online: true, route: true, "veth0:routable:2", "10.0.0.1/24,2001:db8::1/64"))
+            p.inside("ip route del default")
+            #expect(p.next() == line("routable", "veth0:routable:2", "10.0.0.1/24,2001:db8::1/64"))
+            p.inside("ip addr del 10.0.0.1/24 dev veth0")
+            #expect(p.next() == line("routable", "veth0:routable:1", "2001:db8::1/64"))
+            p.inside("ip addr del 2001:db8::1/64 dev veth0")
+            #expect(p.next() == line("carrier", "veth0:carrier:0"))
+            p.inside("ip addr add fe80::1/64 dev veth0 nodad")
+            #expect(p.next() == line("degraded", "veth0:degraded:1", "fe80::1/64"))
+            p.inside("ip addr del fe80::1/64 dev veth0")
+            #expect(p.next() == line("carrier", "veth0:carrier:0"))
+            // Carrier loss: the peer goes down.
+            p.inside("ip link set veth1 down")
+            #expect(p.next() == line("no-carrier", "veth0:no-carrier:0"))
+            p.inside("ip link set veth0 down")
+            #expect(p.next() == line("off", "veth0:off:0"))
+            // The interface disappears.
+            p.inside("ip link del veth0")
+            #expect(p.next() == line("off"))
+            p.expectQuiet()
+        }
+
+        @Test func enslavedLinkIsReported() throws {
+            let p = try NetnsProbe(["--backend", "kernel", "--include", "veth0"])
+            #expect(p.next() == line("off"))
+            p.inside("ip link add veth0 type veth peer name veth1")
+            p.inside("ip link set veth0 addrgenmode none")
+            #expect(p.next() == line("off", "veth0:off:0"))
+            p.inside("ip link add br0 type bridge")
+            p.inside("ip link set veth0 master br0")
+            p.inside("ip link set veth1 up")
+            p.inside("ip link set veth0 up")
+            #expect(p.child.line(matching: { $0.contains("veth0:enslaved") }, timeout: .seconds(10)) == line("enslaved", "veth0:enslaved:0"))
+        }
+
+        @Test func includeAndExcludeFiltersChooseTheInterfaces() throws {
+            let p = try NetnsProbe(["--backend", "kernel", "--include", "veth*", "--exclude", "veth1"])
+            #expect(p.next() == line("off"))
+            p.inside("ip link add veth0 type veth peer name veth1")
+            p.inside("ip link add other0 type veth peer name other1")
+            #expect(p.next() == line("off", "veth0:off:0"))
+            p.inside("ip link set veth1 up")
+            p.inside("ip link set other0 up")
+            p.expectQuiet()
+        }
+
+        @Test func overrunResyncsToTheTrueFinalState() throws {
+            let p = try NetnsProbe(["--backend", "kernel", "--include", "veth0", "--rcvbuf", "4096"])
+            #expect(p.next() == line("off"))
+            p.inside("ip link add veth0 type veth peer name veth1")
+            p.inside("ip link set veth0 addrgenmode none")
+            #expect(p.next() == line("off", "veth0:off:0"))
+            let batch = (0..<600).map { "address add 10.9.\($0 / 250).\($0 % 250 + 1)/32 dev veth0" }.joined(separator: "\n")
+            let file = NSTemporaryDirectory() + "reconcile-flood-\(getpid())"
+            try batch.write(toFile: file, atomically: true, encoding: .utf8)
+            defer { unlink(file) }
+            p.inside("ip -batch \(file)")
+            #expect(p.log(containing: "overrun") != nil)
+            // The last report shows all 600 addresses, however many events were lost.
+            let final = p.child.line(matching: { $0.contains("veth0:off:600") }, timeout: .seconds(20))
+            #expect(final != nil)
+        }
+
+        @Test func forgedNetlinkMessageChangesNothing() throws {
+            let p = try NetnsProbe(["--backend", "kernel"])
+            let port = try #require(p.log(containing: "netlink socket port")?.split(separator: " ").last)
+            #expect(p.next() == line("off"))
+            p.inside("\(builtExecutable("reconcile-probe")) forge \(port)")
+            #expect(p.log(containing: "dropped a netlink message") != nil)
+            p.expectQuiet()
+        }
+
+        @Test func settleReportsOnlyAStateThatHeld() throws {
+            let p = try NetnsProbe(["--backend", "kernel", "--include", "veth0", "--settle", "300"])
+            #expect(p.next() == line("off"))
+            p.inside("ip link add veth0 type veth peer name veth1")
+            p.inside("ip link set veth0 addrgenmode none")
+            let start = ContinuousClock.now
+            // A flap: up and down again within the settle time.
+            p.inside("sh -c 'ip link set veth0 up && ip link set veth0 down'")
+            #expect(p.next() == line("off", "veth0:off:0"))
+            #expect(ContinuousClock.now - start >= .milliseconds(250))
+            p.expectQuiet(for: .milliseconds(500))
+        }
+    }
+}
