@@ -3,19 +3,23 @@ import Reconcile
 import ReconcileSystemd
 import Testing
 
-/// Runs a command to completion; records an issue if it fails.
+/// Runs a shell command to completion (posix_spawn + waitpid: a background
+/// grandchild keeping descriptors open does not hold us); records an issue if
+/// it fails.
 @discardableResult
 func sh(_ command: String, sourceLocation: SourceLocation = #_sourceLocation) -> Bool {
-    let p = Process()
-    p.executableURL = URL(fileURLWithPath: "/bin/sh")
-    p.arguments = ["-c", command]
-    do { try p.run() } catch {
-        Issue.record("cannot run \(command): \(error)", sourceLocation: sourceLocation)
+    var pid: pid_t = 0
+    let argv: [UnsafeMutablePointer<CChar>?] = ["/bin/sh", "-c", command].map { (s: String) in strdup(s) } + [nil]
+    defer { argv.forEach { free($0) } }
+    guard posix_spawn(&pid, "/bin/sh", nil, nil, argv, environ) == 0 else {
+        Issue.record("cannot run \(command)", sourceLocation: sourceLocation)
         return false
     }
-    p.waitUntilExit()
-    if p.terminationStatus != 0 { Issue.record("`\(command)` exited \(p.terminationStatus)", sourceLocation: sourceLocation) }
-    return p.terminationStatus == 0
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+    let code = (status >> 8) & 0xff
+    if status & 0x7f != 0 || code != 0 { Issue.record("`\(command)` failed (status \(status))", sourceLocation: sourceLocation) }
+    return status == 0
 }
 
 /// The probe following connectivity in a fresh network namespace.
@@ -151,6 +155,73 @@ extension SystemdTests {
             #expect(p.next() == line("off", "veth0:off:0"))
             #expect(ContinuousClock.now - start >= .milliseconds(250))
             p.expectQuiet(for: .milliseconds(500))
+        }
+    }
+}
+
+/// The repository's scripts directory (tests run from the package root).
+func repositoryScript(_ name: String) -> String {
+    FileManager.default.currentDirectoryPath + "/scripts/" + name
+}
+
+extension SystemdTests {
+    /// A real systemd-networkd on a private dbus-daemon, in private network
+    /// and mount namespaces (the recipe in SYSTEMD-NOTES, as a script).
+    @Suite struct Networkd {
+        @Test func followsNetworkdThroughRestartsAndIgnoresForgeries() throws {
+            let sandbox = repositoryScript("networkd-sandbox.sh")
+            let child = try Child("/usr/bin/unshare", ["-n", "-m", "--propagation", "private", sandbox,
+                                                       builtExecutable("reconcile-probe"), "connectivity", "--backend", "networkd"])
+            defer {
+                sh("nsenter -t \(child.pid) -n -m \(sandbox) --cleanup")
+                child.signal(SIGTERM)
+                _ = child.wait()
+            }
+            func inside(_ command: String, sourceLocation: SourceLocation = #_sourceLocation) {
+                sh("nsenter -t \(child.pid) -n -m \(command)", sourceLocation: sourceLocation)
+            }
+            func next(_ match: (String) -> Bool) -> String? {
+                child.line(matching: { !$0.hasPrefix("log:") && $0 != "running" && match($0) }, timeout: .seconds(20))
+            }
+            // No networkd on the bus: a failure event.
+            #expect(next { _ in true }?.hasPrefix("failed systemd-networkd is not running") == true)
+            // networkd manages veth0 and requires it for online.
+            inside("sh -c 'printf \"[Match]\\nName=veth0\\n[Link]\\nRequiredForOnline=routable\\n[Network]\\nAddress=192.168.77.1/24\\nLinkLocalAddressing=no\\n\" > /run/systemd/network/50-veth0.network'")
+            inside("ip link add veth0 type veth peer name veth1")
+            inside("ip link set veth1 up")
+            inside("\(sandbox) --start-networkd")
+            // Recovery: states arrive; offline until veth0 is routable, then online.
+            let first = next { $0.hasPrefix("state=") }
+            #expect(first?.contains("online=false") == true, "first: \(first ?? "none")")
+            #expect(next { $0.contains("state=routable online=true") } != nil)
+            // A PropertiesChanged from another connection is ignored.
+            inside("\(sandbox) --busctl emit /org/freedesktop/network1 org.freedesktop.DBus.Properties PropertiesChanged sa{sv}as org.freedesktop.network1.Manager 1 OperationalState s off 0")
+            #expect(child.line(matching: { $0.contains("ignored PropertiesChanged") }, timeout: .seconds(10)) != nil)
+            #expect(child.line(matching: { $0.hasPrefix("state=") }, timeout: .milliseconds(300)) == nil)
+            // networkd restarts: a failure while it is gone, then the state again.
+            inside("\(sandbox) --stop-networkd")
+            #expect(next { $0.hasPrefix("failed") }?.hasPrefix("failed systemd-networkd is not running") == true)
+            inside("\(sandbox) --start-networkd")
+            #expect(next { $0.contains("state=routable online=true") }?.contains("backend=networkd") == true)
+        }
+
+        @Test func autoChoosesNetworkdWhenItOwnsItsName() throws {
+            let sandbox = repositoryScript("networkd-sandbox.sh")
+            // Start networkd first, then the probe with --backend auto.
+            let child = try Child("/usr/bin/unshare", ["-n", "-m", "--propagation", "private", "/bin/sh", "-c",
+                "exec \"$0\" sh -c '\"$0\" --start-networkd && \"$0\" --wait-networkd && exec \"$1\" connectivity --backend auto' \"$0\" \"$1\"",
+                sandbox, builtExecutable("reconcile-probe")])
+            defer { child.signal(SIGTERM); _ = child.wait() }
+            defer { sh("nsenter -t \(child.pid) -n -m \(sandbox) --cleanup") }
+            #expect(child.line(matching: { $0.contains("auto chose") }, timeout: .seconds(20))?.contains("networkd") == true)
+            #expect(child.line(matching: { $0.hasPrefix("state=") }, timeout: .seconds(20))?.contains("backend=networkd") == true)
+        }
+
+        @Test func autoFallsBackToTheKernelWithoutNetworkd() throws {
+            let child = try Child("/usr/bin/unshare", ["-n", builtExecutable("reconcile-probe"), "connectivity", "--backend", "auto"],
+                                  environment: ["DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/nonexistent/bus"])
+            defer { child.signal(SIGTERM); _ = child.wait() }
+            #expect(child.line(matching: { $0.hasPrefix("state=") }, timeout: .seconds(10))?.contains("backend=kernel") == true)
         }
     }
 }
