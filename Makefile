@@ -2,7 +2,7 @@
 SWIFT ?= swift
 SWIFTFLAGS ?= -Xswiftc -warnings-as-errors
 
-.PHONY: deps build test demo bench clean
+.PHONY: deps build test demo bench clean fuzz fuzz-replay
 
 deps:
 	@./scripts/ensure-deps.sh
@@ -14,6 +14,24 @@ build: deps
 test: deps
 	$(SWIFT) build --build-tests $(SWIFTFLAGS)
 	timeout 1500 $(SWIFT) test --skip-build
+	$(MAKE) --no-print-directory fuzz-replay
 
 clean:
 	rm -rf .build
+
+# The netlink parser's fuzz target (libFuzzer). `make fuzz` runs it for
+# FUZZ_SECONDS; `make test` replays the corpus and runs a short bounded round.
+FUZZ_SECONDS ?= 60
+FUZZ_BIN = .build/fuzz-netlink
+
+$(FUZZ_BIN): Fuzz/netlink/main.swift Sources/ReconcileSystemd/Netlink/NetlinkParser.swift
+	@mkdir -p .build
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -swift-version 6 -o $@ $^
+
+fuzz-replay: $(FUZZ_BIN)
+	@mkdir -p .build/fuzz-corpus
+	$(FUZZ_BIN) -runs=200000 -max_len=4096 .build/fuzz-corpus Fuzz/netlink/corpus
+
+fuzz: $(FUZZ_BIN)
+	@mkdir -p .build/fuzz-corpus
+	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=4096 .build/fuzz-corpus Fuzz/netlink/corpus
