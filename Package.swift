@@ -22,6 +22,12 @@ let package = Package(
         .executableTarget(name: "reconcile-probe", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd"],
                           path: "Tests/Probe", swiftSettings: strict),
         .testTarget(name: "ReconcileSystemdTests", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd"], swiftSettings: strict),
+        // The connectivity indicator: its pure program (tested with the
+        // virtual driver) and the executable that runs it.
+        .target(name: "IndicatorCore", dependencies: ["Reconcile"], swiftSettings: strict),
+        .executableTarget(name: "connectivity-indicator", dependencies: ["IndicatorCore", "Reconcile", "ReconcileSystemd"],
+                          swiftSettings: strict),
+        .testTarget(name: "IndicatorTests", dependencies: ["IndicatorCore", "Reconcile", "ReconcileTesting"], swiftSettings: strict),
         .testTarget(name: "ReconcileTests", dependencies: ["Reconcile", "ReconcileTesting"], swiftSettings: strict),
         .testTarget(name: "ReconcileTestingTests", dependencies: ["Reconcile", "ReconcileTesting"], swiftSettings: strict),
     ]

@@ -38,6 +38,9 @@ public final class Daemon<P: Program> {
     public private(set) var runtime: Runtime<P>!
     /// The options given.
     public let options: Options
+    /// Called after each committed model (render here); `Daemon` itself
+    /// uses the runtime's `didCommit` for `STATUS=`.
+    public var didCommit: ((P.Model) -> Void)?
 
     private var state = State.idle
     private var shutdownSources: [EventSource] = []
@@ -162,6 +165,7 @@ public final class Daemon<P: Program> {
             }
         }
         runtime.didCommit = { [unowned self] model in
+            didCommit?(model)
             guard options.notify, ready, state == .running else { return }
             let status = runtime.program.status(model)
             if status != lastStatus {

@@ -116,11 +116,11 @@ final class NotifySocket {
     }
 }
 
-/// A child process whose stdout is read line by line with deadlines.
+/// A child process whose stdout and stderr are read line by line with deadlines.
 final class Child {
     let process = Process()
-    private let output = Pipe()
-    private var buffer = Data()
+    private let output = LineReader()
+    private let errors = LineReader()
 
     init(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws {
         process.executableURL = URL(fileURLWithPath: executable)
@@ -128,16 +128,50 @@ final class Child {
         var env = ProcessInfo.processInfo.environment
         for (k, v) in environment { env[k] = v }
         process.environment = env
-        process.standardOutput = output
+        process.standardOutput = output.pipe
+        process.standardError = errors.pipe
         try process.run()
     }
 
     var pid: Int32 { process.processIdentifier }
 
-    /// The next line of output, or nil after `timeout`.
-    func line(timeout: Duration = .seconds(10)) -> String? {
+    /// The next line of standard output, or nil after `timeout` or at its end.
+    func line(timeout: Duration = .seconds(10)) -> String? { output.line(timeout: timeout) }
+
+    /// Reads output lines until one satisfies `match`; returns it or nil.
+    func line(matching match: (String) -> Bool, timeout: Duration = .seconds(10)) -> String? {
+        output.line(matching: match, timeout: timeout)
+    }
+
+    /// Reads standard error lines until one satisfies `match`.
+    func errorLine(matching match: (String) -> Bool, timeout: Duration = .seconds(10)) -> String? {
+        errors.line(matching: match, timeout: timeout)
+    }
+
+    func signal(_ s: Int32) { kill(pid, s) }
+
+    /// Waits for exit; returns the status, or nil (and kills) after `timeout`.
+    func wait(timeout: Duration = .seconds(10)) -> Int32? {
         let deadline = ContinuousClock.now + timeout
-        let fd = output.fileHandleForReading.fileDescriptor
+        while process.isRunning && ContinuousClock.now < deadline { usleep(10_000) }
+        if process.isRunning {
+            process.terminate()
+            return nil
+        }
+        return process.terminationStatus
+    }
+
+    deinit { if process.isRunning { kill(pid, SIGKILL) } }
+}
+
+/// Lines from a pipe, with deadlines.
+final class LineReader {
+    let pipe = Pipe()
+    private var buffer = Data()
+
+    func line(timeout: Duration) -> String? {
+        let deadline = ContinuousClock.now + timeout
+        let fd = pipe.fileHandleForReading.fileDescriptor
         while true {
             if let nl = buffer.firstIndex(of: 10) {
                 let line = String(decoding: buffer[buffer.startIndex..<nl], as: UTF8.self)
@@ -155,27 +189,11 @@ final class Child {
         }
     }
 
-    /// Reads lines until one satisfies `match`; returns it or nil.
-    func line(matching match: (String) -> Bool, timeout: Duration = .seconds(10)) -> String? {
+    func line(matching match: (String) -> Bool, timeout: Duration) -> String? {
         let deadline = ContinuousClock.now + timeout
         while let l = line(timeout: deadline - ContinuousClock.now) {
             if match(l) { return l }
         }
         return nil
     }
-
-    func signal(_ s: Int32) { kill(pid, s) }
-
-    /// Waits for exit; returns the status, or nil (and kills) after `timeout`.
-    func wait(timeout: Duration = .seconds(10)) -> Int32? {
-        let deadline = ContinuousClock.now + timeout
-        while process.isRunning && ContinuousClock.now < deadline { usleep(10_000) }
-        if process.isRunning {
-            process.terminate()
-            return nil
-        }
-        return process.terminationStatus
-    }
-
-    deinit { if process.isRunning { kill(pid, SIGKILL) } }
 }

@@ -1,0 +1,131 @@
+import Reconcile
+
+/// The connectivity indicator as a program: pure, run by `Daemon` in the
+/// executable and by the virtual driver in tests.
+///
+/// Subscriptions: the connectivity source; a one-minute timer only while the
+/// text view shows "for 3m"; the config file watch (when there is a file);
+/// SIGHUP (re-read the config).
+public struct Indicator: Program {
+    /// Command-line settings (the config file overrides the keys it sets).
+    public var base: Settings
+    public var format: OutputFormat
+    public var configPath: String?
+    public var once: Bool
+
+    public init(base: Settings = Settings(), format: OutputFormat = .text, configPath: String? = nil, once: Bool = false) {
+        self.base = base
+        self.format = format
+        self.configPath = configPath
+        self.once = once
+    }
+
+    public struct Model: Equatable, Sendable {
+        public var settings: Settings
+        public var phase = Phase()
+        public var latest: ConnectivitySource.Change?
+        public var failure: String?
+        /// Bumped by the relative-time timer so the view is redrawn.
+        public var minutes = 0
+        /// The last config problem (kept until a good file is read).
+        public var configProblem: String?
+        public var rejected = 0
+
+        public init(settings: Settings) { self.settings = settings }
+    }
+
+    public enum Message: Sendable {
+        case connectivity(ConnectivitySource.Event, Phase)
+        case minute
+        case configChanged(FileWatchSource.Event)
+        case reload
+        case configRead(path: String, contents: String?)
+    }
+
+    public enum Command: Equatable, Sendable {
+        /// Read the config file and answer with `.configRead`.
+        case readConfig(String)
+        /// Tell the operator about the configuration (stderr / journal).
+        case log(String)
+        /// Exit with this status (`--once`).
+        case exit(Int32)
+    }
+
+    public func start() -> (Model, [Command]) {
+        (Model(settings: base), configPath.map { [.readConfig($0)] } ?? [])
+    }
+
+    public func update(_ model: inout Model, _ message: Message) -> [Command] {
+        switch message {
+        case .connectivity(let event, let phase):
+            guard model.phase.isCurrent(phase) else {
+                model.rejected += 1
+                return []
+            }
+            switch event {
+            case .changed(let c):
+                model.latest = c
+                model.failure = nil
+                if once { return [.exit(c.state.online ? 0 : 1)] }
+            case .failed(let f):
+                model.failure = f.reason
+                if once { return [.log("connectivity: \(f.reason)"), .exit(1)] }
+            }
+            return []
+        case .minute:
+            model.minutes += 1
+            return []
+        case .configChanged(.failed(let f)):
+            return [.log("config watch: \(f)")]
+        case .configChanged(.deleted):
+            return configPath.map { [.log("config \($0) was deleted: keeping the last good configuration")] } ?? []
+        case .configChanged, .reload:
+            return configPath.map { [.readConfig($0)] } ?? []
+        case .configRead(let path, let contents):
+            guard let contents else {
+                return [.log("config \(path) cannot be read: keeping the last good configuration")]
+            }
+            switch parseConfig(contents, base: base) {
+            case .success(let s):
+                model.configProblem = nil
+                if s.connectivity != model.settings.connectivity {
+                    // Events queued under the old configuration are stale.
+                    model.phase.advance()
+                }
+                if s == model.settings { return [] }
+                model.settings = s
+                return [.log("config \(path) applied")]
+            case .failure(let e):
+                model.configProblem = "\(path): \(e)"
+                return [.log("config \(path): \(e): keeping the last good configuration")]
+            }
+        }
+    }
+
+    /// Whether the view shows a relative time that needs a timer.
+    public func needsMinuteTimer(_ model: Model) -> Bool {
+        format == .text && model.settings.showSince && model.latest != nil && !once
+    }
+
+    public func subscriptions(_ model: Model) -> Subscriptions<Message> {
+        let phase = model.phase
+        return Subscriptions {
+            Subscription.connectivity(model.settings.connectivity, key: "net") { .connectivity($0, phase) }
+            if needsMinuteTimer(model) {
+                Subscription.every(.seconds(60), key: "since", leeway: .seconds(1)) { _ in .minute }
+            }
+            if let path = configPath, !once {
+                Subscription.watch(path) { .configChanged($0) }
+            }
+            if !once {
+                Subscription.signal(.hangup) { _ in .reload }
+            }
+        }
+    }
+
+    public func status(_ model: Model) -> String? {
+        if let f = model.failure { return "unknown: \(f)" }
+        guard let c = model.latest else { return "starting" }
+        return c.state.online ? "online via \(c.state.primary?.name ?? c.state.backend.rawValue)" : "offline (\(c.state.state.rawValue))"
+    }
+}

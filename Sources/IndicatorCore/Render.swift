@@ -1,0 +1,124 @@
+import Reconcile
+
+/// Turns the model into output lines. `now` (µs since the epoch) only feeds
+/// the relative time of the text view.
+public struct Renderer: Sendable {
+    public var format: OutputFormat
+    public var terminal: Bool
+
+    public init(format: OutputFormat, terminal: Bool) {
+        self.format = format
+        self.terminal = terminal
+    }
+
+    /// The line for `model`, or nil before anything is known.
+    public func render(_ model: Indicator.Model, now: Int64) -> String? {
+        switch format {
+        case .text: text(model, now: now)
+        case .json: json(model)
+        case .waybar: waybar(model)
+        }
+    }
+
+    func text(_ m: Indicator.Model, now: Int64) -> String? {
+        let line: String
+        let mark: String
+        if let f = m.failure {
+            line = "unknown: \(f)"
+            mark = "\u{1b}[33m●\u{1b}[0m"
+        } else if let c = m.latest {
+            let s = c.state
+            if s.online {
+                line = "online via \(s.primary?.name ?? s.backend.rawValue)"
+                mark = "\u{1b}[32m●\u{1b}[0m"
+            } else {
+                line = "offline (\(s.state.rawValue))"
+                mark = s.state >= .degraded ? "\u{1b}[33m●\u{1b}[0m" : "\u{1b}[31m●\u{1b}[0m"
+            }
+        } else {
+            return nil
+        }
+        guard terminal else { return line }
+        var since = ""
+        if m.settings.showSince, let c = m.latest, m.failure == nil {
+            since = " for " + relative(max(0, now - c.changedAt))
+        }
+        return "\r\u{1b}[2K" + (m.settings.color ? mark + " " : "") + line + since
+    }
+
+    func json(_ m: Indicator.Model) -> String? {
+        if let f = m.failure { return "{\"error\":\(quote(f)),\"online\":false}" }
+        guard let c = m.latest else { return nil }
+        let s = c.state
+        let ifaces = s.interfaces.map {
+            "{\"name\":\(quote($0.name)),\"state\":\(quote($0.state.rawValue)),\"addresses\":[\($0.addresses.map(quote).joined(separator: ","))]}"
+        }
+        let route = s.defaultRoute.map { $0 ? "true" : "false" } ?? "null"
+        return "{\"state\":\(quote(s.state.rawValue)),\"online\":\(s.online),\"default_route\":\(route),\"backend\":\(quote(s.backend.rawValue)),\"changed_at\":\(quote(rfc3339(c.changedAt))),\"interfaces\":[\(ifaces.joined(separator: ","))]}"
+    }
+
+    func waybar(_ m: Indicator.Model) -> String? {
+        if let f = m.failure {
+            return "{\"text\":\"?\",\"tooltip\":\(quote(f)),\"class\":\"unknown\",\"alt\":\"unknown\"}"
+        }
+        guard let c = m.latest else { return nil }
+        let s = c.state
+        let name = s.primary?.name ?? s.backend.rawValue
+        let cls = s.online ? "online" : (s.state >= .degraded ? "degraded" : "offline")
+        let tooltip = ([s.online ? "online via \(name)" : "offline (\(s.state.rawValue))"]
+            + s.interfaces.map { "\($0.name): \($0.state.rawValue) \($0.addresses.joined(separator: " "))" }).joined(separator: "\n")
+        return "{\"text\":\(quote(s.online ? name : "offline")),\"tooltip\":\(quote(tooltip)),\"class\":\(quote(cls)),\"alt\":\(quote(s.state.rawValue))}"
+    }
+}
+
+/// "45s", "3m", "2h 5m", "3d 4h".
+public func relative(_ micros: Int64) -> String {
+    let s = micros / 1_000_000
+    if s < 60 { return "\(s)s" }
+    if s < 3600 { return "\(s / 60)m" }
+    if s < 86400 { return "\(s / 3600)h \(s % 3600 / 60)m" }
+    return "\(s / 86400)d \(s % 86400 / 3600)h"
+}
+
+/// RFC 3339 in UTC with milliseconds: `2026-11-30T14:00:00.123Z`.
+public func rfc3339(_ micros: Int64) -> String {
+    let secs = micros >= 0 ? micros / 1_000_000 : (micros - 999_999) / 1_000_000
+    let ms = (micros - secs * 1_000_000) / 1000
+    var days = secs >= 0 ? secs / 86400 : (secs - 86399) / 86400
+    let rem = secs - days * 86400
+    // Civil from days (Howard Hinnant's algorithm).
+    days += 719_468
+    let era = (days >= 0 ? days : days - 146_096) / 146_097
+    let doe = days - era * 146_097
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365
+    var y = yoe + era * 400
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
+    let mp = (5 * doy + 2) / 153
+    let d = doy - (153 * mp + 2) / 5 + 1
+    let m = mp < 10 ? mp + 3 : mp - 9
+    if m <= 2 { y += 1 }
+    func p(_ v: Int64, _ w: Int) -> String { let s = String(v); return String(repeating: "0", count: max(0, w - s.count)) + s }
+    return "\(p(y, 4))-\(p(m, 2))-\(p(d, 2))T\(p(rem / 3600, 2)):\(p(rem % 3600 / 60, 2)):\(p(rem % 60, 2)).\(p(ms, 3))Z"
+}
+
+/// A JSON string literal.
+public func quote(_ s: String) -> String {
+    var out = "\""
+    for u in s.unicodeScalars {
+        switch u {
+        case "\"": out += "\\\""
+        case "\\": out += "\\\\"
+        case "\n": out += "\\n"
+        case "\r": out += "\\r"
+        case "\t": out += "\\t"
+        default:
+            if u.value < 0x20 {
+                let h = String(u.value, radix: 16)
+                out += "\\u" + String(repeating: "0", count: 4 - h.count) + h
+            } else {
+                out.unicodeScalars.append(u)
+            }
+        }
+    }
+    return out + "\""
+}

@@ -1,0 +1,103 @@
+import IndicatorCore
+import Reconcile
+import ReconcileTesting
+import Testing
+
+let net = SubscriptionID(ConnectivitySource.self, key: "net")
+let since = SubscriptionID(TimerSource.self, key: "since")
+let hup = SubscriptionID(SignalSource.self, key: SignalSource.Signal.hangup)
+
+func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySource.Event {
+    .changed(.init(state: .init(state: .routable, online: true, defaultRoute: true,
+                                interfaces: [.init(name: name, index: 2, state: .routable, addresses: ["10.0.0.1/24"])],
+                                backend: .kernel), changedAt: at))
+}
+
+@Suite struct IndicatorTests {
+    @Test func relativeTimeTimerExistsOnlyWhenTheTextViewNeedsIt() {
+        var t = ProgramTester(Indicator(format: .text))
+        #expect(t.subscriptionIDs == [net, hup])
+        t.event(online(), from: net)
+        #expect(t.subscriptionIDs == [net, since, hup])
+        var json = ProgramTester(Indicator(format: .json))
+        json.event(online(), from: net)
+        #expect(json.subscriptionIDs == [net, hup])
+    }
+
+    @Test func presentationChangeRetunesNothingAndKeepsConnectivity() {
+        let path = "/etc/indicator.conf"
+        var t = ProgramTester(Indicator(format: .text, configPath: path))
+        #expect(t.commands == [.readConfig(path)])
+        t.event(online(), from: net)
+        t.send(.configRead(path: path, contents: "show_since = no\n"))
+        // The timer goes; the connectivity source is kept (no driver call).
+        #expect(t.lastPlan.steps.map(\.description) == ["stop timer:since"])
+        #expect(t.lastPlan.kept == 3)
+        // A settle change is a retune in place, not a restart.
+        t.send(.configRead(path: path, contents: "show_since = no\nsettle = 2s\n"))
+        #expect(t.lastPlan.steps.map(\.description) == ["retune connectivity:net: backend auto -> backend auto settle 2s"])
+    }
+
+    @Test func connectivityEventFromAnOldPhaseIsRejected() {
+        let path = "/etc/indicator.conf"
+        var t = ProgramTester(Indicator(format: .json, configPath: path))
+        let old = t.model.phase
+        let tagged = t.message(for: online("old0"), from: net)!
+        t.send(.configRead(path: path, contents: "backend = kernel\n"))
+        #expect(t.lastPlan.steps.map(\.description) == ["restart connectivity:net: backend auto -> backend kernel"])
+        #expect(t.model.phase != old)
+        let before = t.model
+        t.send(tagged)
+        #expect(t.model.latest == nil && t.model.rejected == before.rejected + 1)
+    }
+
+    @Test func invalidConfigKeepsTheLastGoodOneAndNamesTheLine() {
+        let path = "/etc/indicator.conf"
+        var t = ProgramTester(Indicator(configPath: path))
+        t.send(.configRead(path: path, contents: "include = eth*\n"))
+        let good = t.model.settings
+        t.send(.configRead(path: path, contents: "include = wl*\n# fine\ncolour = yes\n"))
+        #expect(t.model.settings == good)
+        #expect(t.commands == [.log("config /etc/indicator.conf: line 3: unknown key 'colour' (accepted: backend, include, exclude, settle, show_since, color): keeping the last good configuration")])
+        t.send(.configChanged(.deleted))
+        #expect(t.model.settings == good)
+        t.send(.configChanged(.created))
+        #expect(t.commands == [.readConfig(path)])
+        t.send(.reload)
+        #expect(t.commands == [.readConfig(path)])
+    }
+
+    @Test func onceExitsWithTheVerdict() {
+        var t = ProgramTester(Indicator(format: .text, once: true))
+        #expect(t.subscriptionIDs == [net])
+        t.event(online(), from: net)
+        #expect(t.commands == [.exit(0)])
+    }
+
+    @Test func runsUnderTheRuntimeWithTheVirtualDriver() throws {
+        let driver = VirtualDriver()
+        let rt = Runtime(Indicator(format: .text), driver: driver)
+        try rt.start()
+        driver.emit(online("wlan0"), to: net)
+        #expect(rt.program.status(rt.model) == "online via wlan0")
+        driver.advance(by: .seconds(120))
+        #expect(rt.model.minutes == 2)
+        driver.emit(ConnectivitySource.Event.failed(.init(operation: "GetNameOwner", reason: "networkd is not running")), to: net)
+        #expect(rt.program.status(rt.model) == "unknown: networkd is not running")
+    }
+
+    @Test func rendersTheDocumentedFormats() {
+        var m = Indicator.Model(settings: Settings())
+        m.latest = .init(state: .init(state: .routable, online: true, defaultRoute: true,
+                                      interfaces: [.init(name: "eth0", index: 2, state: .routable, addresses: ["10.0.0.1/24"])],
+                                      backend: .kernel), changedAt: 1_764_511_200_123_000)
+        #expect(Renderer(format: .json, terminal: false).render(m, now: 0)
+                == #"{"state":"routable","online":true,"default_route":true,"backend":"kernel","changed_at":"2025-11-30T14:00:00.123Z","interfaces":[{"name":"eth0","state":"routable","addresses":["10.0.0.1/24"]}]}"#)
+        #expect(Renderer(format: .waybar, terminal: false).render(m, now: 0)
+                == #"{"text":"eth0","tooltip":"online via eth0\neth0: routable 10.0.0.1/24","class":"online","alt":"routable"}"#)
+        #expect(Renderer(format: .text, terminal: false).render(m, now: 0) == "online via eth0")
+        #expect(Renderer(format: .text, terminal: true).render(m, now: 1_764_511_200_123_000 + 180_000_000)?.hasSuffix("online via eth0 for 3m") == true)
+        #expect(rfc3339(0) == "1970-01-01T00:00:00.000Z")
+        #expect(parseDuration("1.5s") == .milliseconds(1500) && parseDuration("soon") == nil)
+    }
+}
