@@ -2,7 +2,7 @@
 SWIFT ?= swift
 SWIFTFLAGS ?= -Xswiftc -warnings-as-errors
 
-.PHONY: deps build test demo bench clean fuzz fuzz-replay
+.PHONY: deps build test demo demo-netns bench clean fuzz fuzz-replay
 
 deps:
 	@./scripts/ensure-deps.sh
@@ -15,6 +15,16 @@ test: deps
 	$(SWIFT) build --build-tests $(SWIFTFLAGS)
 	timeout 1500 $(SWIFT) test --skip-build
 	$(MAKE) --no-print-directory fuzz-replay
+
+# Builds and runs the connectivity indicator on this machine (Ctrl-C stops it).
+demo: deps
+	$(SWIFT) build --product connectivity-indicator
+	.build/debug/connectivity-indicator
+
+# The indicator in a private network namespace, reacting to a scripted veth.
+demo-netns: deps
+	$(SWIFT) build --product connectivity-indicator
+	./scripts/demo-netns.sh .build/debug/connectivity-indicator
 
 clean:
 	rm -rf .build
