@@ -36,7 +36,7 @@ FUZZ_BIN = .build/fuzz-netlink
 
 $(FUZZ_BIN): Fuzz/netlink/main.swift Sources/ReconcileSystemd/Netlink/NetlinkParser.swift
 	@mkdir -p .build
-	swiftc -O -sanitize=fuzzer,address -parse-as-library -swift-version 6 -o $@ $^
+	swiftc -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -swift-version 6 -o $@ $^
 
 fuzz-replay: $(FUZZ_BIN)
 	@mkdir -p .build/fuzz-corpus
