@@ -17,3 +17,9 @@ test: deps
 
 clean:
 	rm -rf .build
+
+# Builds reconcile-bench (release) and runs the full table; see
+# Docs/Performance.md. `.build/release/reconcile-bench --quick` is a short run.
+bench: deps
+	$(SWIFT) build -c release --product reconcile-bench $(SWIFTFLAGS)
+	.build/release/reconcile-bench
