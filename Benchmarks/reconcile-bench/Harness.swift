@@ -18,9 +18,11 @@ struct Budget {
     var time: Duration
     var minRuns: Int
     var maxRuns: Int
+    /// Rounds over the implementations of one scenario (side-by-side runs).
+    var rounds: Int
 
-    static let full = Budget(time: .milliseconds(400), minRuns: 7, maxRuns: 3000)
-    static let quick = Budget(time: .milliseconds(40), minRuns: 5, maxRuns: 400)
+    static let full = Budget(time: .milliseconds(400), minRuns: 7, maxRuns: 3000, rounds: 7)
+    static let quick = Budget(time: .milliseconds(40), minRuns: 5, maxRuns: 400, rounds: 3)
 }
 
 /// What the timed runs of one case measured.
@@ -77,6 +79,53 @@ func measure(_ benchmark: some Benchmark, _ budget: Budget, unitsPerRun: Int = 1
     after()
     nanos.sort()
     return Measurement(nanos: nanos, allocations: allocations / Int64(unitsPerRun))
+}
+
+/// Runs several benchmarks of one scenario side by side: all are set up,
+/// each warms up, then `budget.rounds` rounds give each benchmark in turn a
+/// block of timed runs (a share of the budget, at least a share of
+/// `minRuns`). A disturbance from outside the process then falls on every
+/// implementation alike instead of on whichever ran at the time, and caches
+/// stay warm within a block. `after(i)` runs before the tear-downs.
+func measureSideBySide(_ benchmarks: [any Benchmark], _ budget: Budget, after: (Int) -> Void = { _ in }) -> [Measurement] {
+    for b in benchmarks { b.setUp() }
+    defer { for b in benchmarks { b.tearDown() } }
+    let clock = ContinuousClock()
+    var sink = 0
+    var iterations = [Int](repeating: 0, count: benchmarks.count)
+    for (i, b) in benchmarks.enumerated() {
+        let warmStart = clock.now
+        while iterations[i] < 2 || (iterations[i] < 200 && clock.now - warmStart < budget.time / 10) {
+            sink &+= b.run(iterations[i])
+            iterations[i] += 1
+        }
+    }
+    let rounds = max(1, budget.rounds)
+    let blockTime = budget.time / rounds
+    let minPerBlock = (budget.minRuns + rounds - 1) / rounds
+    let maxPerBlock = max(1, budget.maxRuns / rounds)
+    var nanos = [[Double]](repeating: [], count: benchmarks.count)
+    for i in nanos.indices { nanos[i].reserveCapacity(maxPerBlock * rounds) }
+    var allocations = [Int64](repeating: 0, count: benchmarks.count)
+    for _ in 0..<rounds {
+        for (i, b) in benchmarks.enumerated() {
+            let allocationsBefore = CMallocCounter_allocations()
+            let start = clock.now
+            var runs = 0
+            while runs < minPerBlock || (runs < maxPerBlock && clock.now - start < blockTime) {
+                let t0 = clock.now
+                sink &+= b.run(iterations[i])
+                let t1 = clock.now
+                nanos[i].append(Double((t1 - t0).nanoseconds))
+                iterations[i] += 1
+                runs += 1
+            }
+            allocations[i] += CMallocCounter_allocations() - allocationsBefore
+        }
+    }
+    blackHole(sink)
+    for i in benchmarks.indices { after(i) }
+    return benchmarks.indices.map { Measurement(nanos: nanos[$0].sorted(), allocations: allocations[$0]) }
 }
 
 /// Times `body` once.

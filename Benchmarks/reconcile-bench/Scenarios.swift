@@ -68,10 +68,11 @@ func reconcileBenchmark(_ name: String, table: SetTable, churns: [Int], implemen
                         budget: Budget, into records: inout [Record]) {
     for churn in churns {
         let changed = name == "retune" ? table.retuned(churn) : table.replaced(churn)
-        for implementation in implementations {
-            if implementation == .bare && (churn != 0 || name != "reconcile") { continue }
-            let c = ReconcileCase(implementation, sets: table.list, initial: table.base, cycle: [changed, table.base])
-            let m = measure(c, budget, after: c.finish)
+        let chosen = implementations.filter { $0 != .bare || (churn == 0 && name == "reconcile") }
+        let cases = chosen.map { ReconcileCase($0, sets: table.list, initial: table.base, cycle: [changed, table.base]) }
+        let measurements = measureSideBySide(cases, budget) { cases[$0].finish() }
+        for (c, m) in zip(cases, measurements) {
+            let implementation = c.implementation
             for p in c.problems { warn("\(name) \(implementation.rawValue) size \(table.size) churn \(churn)%: \(p)") }
             records.append(Record(
                 benchmark: name, implementation: implementation.rawValue, size: table.size, churn: churn,
