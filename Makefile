@@ -45,3 +45,9 @@ fuzz-replay: $(FUZZ_BIN)
 fuzz: $(FUZZ_BIN)
 	@mkdir -p .build/fuzz-corpus
 	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=4096 .build/fuzz-corpus Fuzz/netlink/corpus
+
+# Builds reconcile-bench (release) and runs the full table; see
+# Docs/Performance.md. `.build/release/reconcile-bench --quick` is a short run.
+bench: deps
+	$(SWIFT) build -c release --product reconcile-bench $(SWIFTFLAGS)
+	.build/release/reconcile-bench

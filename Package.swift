@@ -21,6 +21,12 @@ let package = Package(
         // sd_notify, the watchdog and shutdown are process-wide).
         .executableTarget(name: "reconcile-probe", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd"],
                           path: "Tests/Probe", swiftSettings: strict),
+        // The benchmark harness (`make bench`) and the malloc-counting shim
+        // only it links.
+        .target(name: "CMallocCounter", path: "Benchmarks/CMallocCounter"),
+        .executableTarget(name: "reconcile-bench",
+                          dependencies: ["Reconcile", "ReconcileTesting", "ReconcileSystemd", "CSystemd", "CMallocCounter"],
+                          path: "Benchmarks/reconcile-bench", swiftSettings: strict),
         .testTarget(name: "ReconcileSystemdTests", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd"], swiftSettings: strict),
         // The connectivity indicator: its pure program (tested with the
         // virtual driver) and the executable that runs it.

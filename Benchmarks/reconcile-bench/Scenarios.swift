@@ -1,0 +1,222 @@
+import Reconcile
+import ReconcileTesting
+
+// The benchmarks over the virtual driver: reconcile (identities replaced),
+// retune (parameters changed under the same identity), memory and messages.
+
+/// Reconciles alternately to `cycle[0]` and `cycle[1]`, starting from
+/// `initial` (which is `cycle[1]`'s content), so every timed reconcile makes
+/// the same change.
+final class ReconcileCase: Benchmark {
+    let implementation: Implementation
+    let sets: SetList
+    let initial: DesiredSet
+    let cycle: [DesiredSet]
+    private(set) var driver: VirtualDriver?
+    private var subject: (any Reconciling)?
+    private var callsAfterSetUp = 0
+    private(set) var iterations = 0
+    private(set) var driverCalls = 0
+    private(set) var problems: [String] = []
+
+    init(_ implementation: Implementation, sets: SetList, initial: DesiredSet, cycle: [DesiredSet]) {
+        self.implementation = implementation
+        self.sets = sets
+        self.initial = initial
+        self.cycle = cycle
+    }
+
+    func setUp() {
+        if implementation.usesTickets {
+            _ = initial.tickets
+            for s in cycle { _ = s.tickets }
+        }
+        let driver = VirtualDriver()
+        self.driver = driver
+        subject = implementation.make(sets, initial: initial, driver: driver)
+        callsAfterSetUp = driver.log.count
+    }
+
+    func run(_ iteration: Int) -> Int {
+        subject!.reconcile(to: cycle[iteration & 1])
+        iterations = iteration + 1
+        return iteration
+    }
+
+    /// Reads the driver's counters and checks the end state (untimed).
+    func finish() {
+        guard let driver else { return }
+        driverCalls = driver.log.count - callsAfterSetUp
+        guard implementation.callsDriver else { return }
+        if !driver.contractViolations.isEmpty {
+            problems.append("\(driver.contractViolations.count) driver contract violations, first: \(driver.contractViolations[0])")
+        }
+        let last = cycle[(iterations - 1) & 1]
+        if driver.running.count != last.count {
+            problems.append("\(driver.running.count) running after reconciling to \(last.count)")
+        }
+    }
+
+    func tearDown() {
+        subject = nil
+        driver = nil
+    }
+}
+
+/// Runs the `reconcile` or `retune` benchmark for one size.
+func reconcileBenchmark(_ name: String, table: SetTable, churns: [Int], implementations: [Implementation],
+                        budget: Budget, into records: inout [Record]) {
+    for churn in churns {
+        let changed = name == "retune" ? table.retuned(churn) : table.replaced(churn)
+        let chosen = implementations.filter { $0 != .bare || (churn == 0 && name == "reconcile") }
+        let cases = chosen.map { ReconcileCase($0, sets: table.list, initial: table.base, cycle: [changed, table.base]) }
+        let measurements = measureSideBySide(cases, budget) { cases[$0].finish() }
+        for (c, m) in zip(cases, measurements) {
+            let implementation = c.implementation
+            for p in c.problems { warn("\(name) \(implementation.rawValue) size \(table.size) churn \(churn)%: \(p)") }
+            records.append(Record(
+                benchmark: name, implementation: implementation.rawValue, size: table.size, churn: churn,
+                unit: "reconcile", runs: m.runs, medianNanos: m.median, p99Nanos: m.p99,
+                driverCalls: implementation.callsDriver ? Double(c.driverCalls) / Double(max(1, c.iterations)) : nil,
+                allocations: m.allocationsPerRun))
+            progress("\(name) \(implementation.rawValue) \(table.size) \(churn)%: \(duration(m.median))")
+        }
+    }
+}
+
+// MARK: Memory
+
+/// Heap bytes one prebuilt ticket holds (baselines hold one per running
+/// subscription but never allocate it; ours allocates its own).
+func ticketBytes(_ set: DesiredSet) -> Double {
+    let before = liveHeapBytes
+    let tickets = mintTickets(set.subscriptions)
+    let after = liveHeapBytes
+    let perTicket = Double(after - before - Int64(tickets.capacity * MemoryLayout<SourceTicket>.stride)) / Double(tickets.count)
+    withExtendedLifetime(tickets) {}
+    return perTicket
+}
+
+/// For each implementation: the heap its state holds per running
+/// subscription (tickets included) after starting `table.base` from nothing
+/// on a driver that does nothing, and how long that first reconcile takes.
+func memoryBenchmark(table: SetTable, implementations: [Implementation], repeats: Int, into records: inout [Record]) {
+    let set = table.base
+    let perTicket = ticketBytes(set)
+    for implementation in implementations {
+        if implementation.usesTickets { _ = set.tickets }
+        var nanos: [Double] = []
+        var bytes: [Double] = []
+        var allocations: [Double] = []
+        for _ in 0..<repeats {
+            let driver = NullDriver()
+            let heap = liveHeapBytes
+            let allocs = allocationCount
+            var subject: (any Reconciling)?
+            nanos.append(time { subject = implementation.make(table.list, initial: set, driver: driver) })
+            allocations.append(Double(allocationCount - allocs))
+            let held = Double(liveHeapBytes - heap) / Double(table.size)
+            bytes.append(held + (implementation.usesTickets ? perTicket : 0))
+            withExtendedLifetime(subject) {}
+            subject = nil
+        }
+        records.append(Record(
+            benchmark: "memory", implementation: implementation.rawValue, size: table.size, churn: nil,
+            unit: "start from empty", runs: repeats, medianNanos: median(nanos), p99Nanos: p99(nanos),
+            allocations: median(allocations), bytesPerSubscription: median(bytes),
+            extra: implementation.usesTickets ? [("ticket_bytes_included", perTicket)] : []))
+        progress("memory \(implementation.rawValue) \(table.size): \(fixed(median(bytes), 0)) B/sub")
+    }
+}
+
+// MARK: Messages through the runtime
+
+/// A program with an `Equatable` model. Message 0 leaves the model as it is
+/// (the runtime skips the reconcile: no `subscriptions` call); message 1
+/// changes it (the runtime calls `subscriptions` and reconciles an unchanged
+/// set).
+struct CounterProgram: Program {
+    struct Model: Equatable { var count = 0 }
+    let set: Subscriptions<BenchMessage>
+    /// Build the set in `subscriptions` every time instead of returning `set`.
+    let rebuild: Bool
+
+    func start() -> (Model, [Never]) { (Model(), []) }
+    func update(_ model: inout Model, _ message: BenchMessage) -> [Never] {
+        if message == 1 { model.count &+= 1 }
+        return []
+    }
+    func subscriptions(_ model: Model) -> Subscriptions<BenchMessage> {
+        rebuild ? Subscriptions((0..<set.items.count).map { makeSubscription($0, variant: 0) }) : set
+    }
+}
+
+/// Sends `batch` messages per run to a runtime with `set` running.
+final class MessagesCase: Benchmark {
+    let set: Subscriptions<BenchMessage>
+    let message: BenchMessage
+    let rebuild: Bool
+    let batch: Int
+    private var runtime: Runtime<CounterProgram>?
+    private var driver: VirtualDriver?
+    private(set) var problems: [String] = []
+    private var before = RuntimeStats()
+
+    init(set: Subscriptions<BenchMessage>, message: BenchMessage, rebuild: Bool, batch: Int) {
+        self.set = set
+        self.message = message
+        self.rebuild = rebuild
+        self.batch = batch
+    }
+
+    func setUp() {
+        let driver = VirtualDriver()
+        let runtime = Runtime(CounterProgram(set: set, rebuild: rebuild), driver: driver)
+        try! runtime.start()
+        self.driver = driver
+        self.runtime = runtime
+        before = runtime.stats
+    }
+
+    func run(_ iteration: Int) -> Int {
+        let runtime = runtime!
+        for _ in 0..<batch { try! runtime.send(message) }
+        return iteration
+    }
+
+    func finish() {
+        guard let runtime, let driver else { return }
+        let s = runtime.stats
+        if s.starts != before.starts || s.stops != before.stops { problems.append("driver calls made") }
+        if driver.running.count != set.items.count { problems.append("\(driver.running.count) running") }
+        let sent = s.messages - before.messages
+        if message == 0 && s.skippedReconciles - before.skippedReconciles != sent { problems.append("reconciles not skipped") }
+        if message == 1 && s.reconciles - before.reconciles != sent { problems.append("reconciles skipped") }
+    }
+
+    func tearDown() {
+        runtime = nil
+        driver = nil
+    }
+}
+
+/// Messages per second through the runtime with `table.size` subscriptions
+/// running, for an unchanged model, a changed model with the same set, and
+/// (at 1,000) a program that builds its set on every call.
+func messagesBenchmark(table: SetTable, budget: Budget, into records: inout [Record]) {
+    let set = table.base.subscriptions
+    var variants: [(String, BenchMessage, Bool)] = [("unchanged model", 0, false), ("changed model", 1, false)]
+    if table.size == 1_000 { variants.append(("changed model, set rebuilt", 1, true)) }
+    for (variant, message, rebuild) in variants {
+        let batch = message == 0 ? 1_000 : max(1, 100_000 / table.size / (rebuild ? 100 : 1))
+        let c = MessagesCase(set: set, message: message, rebuild: rebuild, batch: batch)
+        let m = measure(c, budget, unitsPerRun: batch, after: c.finish)
+        for p in c.problems { warn("messages \(variant) size \(table.size): \(p)") }
+        records.append(Record(
+            benchmark: "messages: " + variant, implementation: Implementation.ours.rawValue, size: table.size, churn: nil,
+            unit: "message", runs: m.runs, medianNanos: m.median, p99Nanos: m.p99,
+            perSubscription: message != 0, driverCalls: 0, allocations: m.allocationsPerRun,
+            extra: [("messages_per_second", 1e9 / m.median), ("batch", Double(batch))]))
+        progress("messages \(variant) \(table.size): \(duration(m.median))")
+    }
+}

@@ -1,0 +1,280 @@
+import CMallocCounter
+import Glibc
+import Reconcile
+
+// reconcile-bench: our reconciler side by side with the ways others keep
+// sources in line. See Docs/Performance.md.
+
+let usage = """
+    usage: reconcile-bench [options] [benchmark ...]
+           reconcile-bench --noop-reconciles N
+
+    benchmarks (default: all):
+      reconcile     identities replaced per reconcile (churn 0, 1, 10, 100%)
+      retune        parameters changed under the same identities
+      memory        heap per running subscription; first reconcile from empty
+      messages      messages per second through the runtime
+      loop-timers   10,000 timers started and stopped: ours vs sd-event directly
+      loop-watches  10,000 file watches started and stopped: ours vs sd-event directly
+      lateness      timer lateness: ours vs a raw sd-event timer
+      loop-noop     a no-op reconcile of 10,000 live sources on the real loop
+
+    options:
+      --quick               a run under a minute (fewer sizes and runs)
+      --json FILE           also write the results as JSON
+      --sizes 100,1000      desired-set sizes (default 100,1000,10000,100000)
+      --churn 0,10          churn levels in percent (default 0,1,10,100; retune 1,10,100)
+      --impl ours,iced      implementations: \(Implementation.allCases.map(\.rawValue).joined(separator: ","))
+      --noop-reconciles N   only: N no-op reconciles with 10,000 live sources on
+                            the real loop, between `noop-begin` and `noop-end`
+                            markers on stderr (run it under strace)
+      --help
+
+    """
+
+let allBenchmarks = ["reconcile", "retune", "memory", "messages", "loop-timers", "loop-watches", "lateness", "loop-noop"]
+
+func warn(_ text: String) {
+    var line = Array("warning: \(text)\n".utf8)
+    _ = write(2, &line, line.count)
+}
+
+func progress(_ text: String) {
+    var line = Array("  \(text)\n".utf8)
+    _ = write(2, &line, line.count)
+}
+
+func fail(_ text: String) -> Never {
+    warn(text)
+    exit(2)
+}
+
+// MARK: Arguments
+
+struct Options {
+    var quick = false
+    var json: String?
+    var sizes: [Int]?
+    var churns: [Int]?
+    var implementations = Implementation.allCases
+    var benchmarks: [String] = []
+    var noopReconciles: Int?
+}
+
+func parse(_ arguments: [String]) -> Options {
+    var o = Options()
+    var rest = arguments[...]
+    func value(_ flag: String) -> String {
+        guard let v = rest.popFirst() else { fail("\(flag) needs a value") }
+        return v
+    }
+    func integers(_ flag: String) -> [Int] {
+        value(flag).split(separator: ",").map { part -> Int in
+            guard let n = Int(part.filter { $0 != "_" }) else { fail("\(flag): '\(part)' is not a number") }
+            return n
+        }
+    }
+    while let a = rest.popFirst() {
+        switch a {
+        case "--quick": o.quick = true
+        case "--json": o.json = value(a)
+        case "--sizes": o.sizes = integers(a)
+        case "--churn":
+            o.churns = integers(a)
+            if let bad = o.churns!.first(where: { ![0, 1, 10, 100].contains($0) }) { fail("--churn: \(bad) is not one of 0, 1, 10, 100") }
+        case "--impl":
+            o.implementations = value(a).split(separator: ",").map { name -> Implementation in
+                guard let i = Implementation(rawValue: String(name)) else { fail("--impl: no implementation '\(name)'") }
+                return i
+            }
+            if !o.implementations.contains(.ours) { o.implementations.insert(.ours, at: 0) }
+        case "--noop-reconciles":
+            guard let n = integers(a).first, n >= 0 else { fail("--noop-reconciles needs N >= 0") }
+            o.noopReconciles = n
+        case "--help", "-h":
+            print(usage)
+            exit(0)
+        default:
+            if a.hasPrefix("-") { fail("unknown option \(a)\n\(usage)") }
+            guard allBenchmarks.contains(a) else { fail("no benchmark '\(a)'; there are: \(allBenchmarks.joined(separator: ", "))") }
+            o.benchmarks.append(a)
+        }
+    }
+    if o.benchmarks.isEmpty { o.benchmarks = allBenchmarks }
+    return o
+}
+
+// MARK: Main
+
+let options = parse(Array(CommandLine.arguments.dropFirst()))
+
+if let n = options.noopReconciles {
+    do { try noopReconcilesMode(n, count: 10_000) } catch { fail("\(error)") }
+    exit(0)
+}
+
+if CMallocCounter_isActive() == 0 { warn("the malloc counter is not active: allocation figures will read 0") }
+
+let quick = options.quick
+let budget = quick ? Budget.quick : Budget.full
+let sizes = options.sizes ?? (quick ? [100, 1_000, 10_000] : [100, 1_000, 10_000, 100_000])
+let churns = options.churns ?? [0, 1, 10, 100]
+let retuneChurns = options.churns?.filter { $0 > 0 } ?? (quick ? [10] : [1, 10, 100])
+let selected = Set(options.benchmarks)
+let clock = ContinuousClock()
+let began = clock.now
+var records: [Record] = []
+
+// Benchmarks over the virtual driver, one size at a time (the sets of a size
+// are built once and shared).
+var messageSizes = sizes
+if quick, selected.contains("messages") {
+    // The flat-cost check compares an unchanged model at 100 and 100,000.
+    for s in [100, 100_000] where !messageSizes.contains(s) { messageSizes.append(s) }
+}
+for size in (sizes + messageSizes.filter { !sizes.contains($0) }) {
+    let table = SetTable(size: size)
+    progress("size \(grouped(size))")
+    if sizes.contains(size) {
+        if selected.contains("reconcile") {
+            reconcileBenchmark("reconcile", table: table, churns: churns, implementations: options.implementations,
+                               budget: budget, into: &records)
+        }
+        if selected.contains("retune") {
+            reconcileBenchmark("retune", table: table, churns: retuneChurns, implementations: options.implementations,
+                               budget: budget, into: &records)
+        }
+        if selected.contains("memory") {
+            memoryBenchmark(table: table, implementations: options.implementations, repeats: quick ? 3 : 5, into: &records)
+        }
+    }
+    if selected.contains("messages") && messageSizes.contains(size) {
+        messagesBenchmark(table: table, budget: budget, into: &records)
+    }
+}
+
+// The real loop.
+do {
+    if selected.contains("loop-timers") { try loopTimersBenchmark(count: 10_000, rounds: quick ? 5 : 21, into: &records) }
+    if selected.contains("loop-watches") { try loopWatchesBenchmark(count: 10_000, rounds: quick ? 5 : 21, into: &records) }
+    if selected.contains("lateness") { try latenessBenchmark(ticks: quick ? 100 : 500, interval: .milliseconds(10), into: &records) }
+    if selected.contains("loop-noop") { loopNoopBenchmark(count: 10_000, budget: budget, into: &records) }
+} catch {
+    fail("real loop: \(error)")
+}
+
+let elapsed = clock.now - began
+
+// MARK: Report
+
+@MainActor func of(_ benchmark: String) -> [Record] { records.filter { $0.benchmark == benchmark } }
+
+print("## reconcile-bench results\n")
+print("Command: `" + (["reconcile-bench"] + CommandLine.arguments.dropFirst()).joined(separator: " ") + "`  ")
+print("Total time: \(duration(Double(elapsed.nanoseconds)))\n")
+
+printSideBySide("reconcile (identities replaced)", of("reconcile"))
+printSideBySide("retune (parameters changed, same identities)", of("retune"))
+printRecords("reconcile: all figures", of("reconcile"))
+printRecords("retune: all figures", of("retune"))
+
+let memory = of("memory")
+if !memory.isEmpty {
+    print("### memory: heap per running subscription, first reconcile from empty (driver that does nothing)\n")
+    printTable(["implementation", "size", "bytes/sub", "first reconcile", "per sub", "allocs"], memory.map {
+        [$0.implementation, grouped($0.size), fixed($0.bytesPerSubscription ?? .nan, 0), duration($0.medianNanos),
+         significant($0.medianNanos / Double($0.size)) + " ns", significant($0.allocations ?? .nan)]
+    })
+}
+
+let messages = records.filter { $0.benchmark.hasPrefix("messages") }
+if !messages.isEmpty {
+    print("### messages through the runtime (median per message over batches)\n")
+    printTable(["case", "subscriptions", "median/message", "p99 of batch means", "messages/s", "allocs/message"], messages.map {
+        [String($0.benchmark.dropFirst("messages: ".count)), grouped($0.size), duration($0.medianNanos), duration($0.p99Nanos),
+         grouped(Int($0.extra("messages_per_second") ?? 0)), significant($0.allocations ?? .nan)]
+    })
+}
+
+let loop = records.filter { $0.benchmark.hasPrefix("loop-") && $0.benchmark != "loop-noop" }
+if !loop.isEmpty {
+    print("### the real loop: start and stop of 10,000 sources (medians over rounds)\n")
+    printTable(["benchmark", "side", "start", "stop", "start+stop", "p99 start+stop", "per source", "allocs start/stop", "ours/raw"], loop.map {
+        [$0.benchmark, $0.implementation, duration($0.extra("start_median_ns") ?? .nan), duration($0.extra("stop_median_ns") ?? .nan),
+         duration($0.medianNanos), duration($0.p99Nanos), duration($0.medianNanos / Double($0.size)),
+         significant($0.extra("start_allocations") ?? .nan) + " / " + significant($0.extra("stop_allocations") ?? .nan),
+         $0.extra("ratio_ours_over_raw").map { significant($0) + "×" } ?? ""]
+    })
+}
+
+let lateness = of("lateness")
+if !lateness.isEmpty {
+    print("### timer lateness (10 ms repeating timer, 1 µs accuracy, same loop)\n")
+    printTable(["side", "ticks", "median", "p99"], lateness.map {
+        [$0.implementation, String($0.runs), duration($0.medianNanos), duration($0.p99Nanos)]
+    })
+}
+
+let noop = of("loop-noop")
+if !noop.isEmpty {
+    print("### no-op reconcile on the real loop\n")
+    printTable(["live sources", "median", "p99", "per sub", "allocs", "driver calls"], noop.map {
+        [grouped($0.size), duration($0.medianNanos), duration($0.p99Nanos), significant($0.medianPerSubscription ?? .nan) + " ns",
+         significant($0.allocations ?? .nan), "0"]
+    })
+}
+
+// MARK: Targets
+
+@MainActor func find(_ b: String, _ i: Implementation, _ size: Int, _ churn: Int?) -> Record? {
+    records.first { $0.benchmark == b && $0.implementation == i.rawValue && $0.size == size && $0.churn == churn }
+}
+
+var checks: [(String, String, Bool)] = []
+if let ours = find("reconcile", .ours, 10_000, 0) {
+    if let r = find("reconcile", .restartAll, 10_000, 0) {
+        let x = r.medianNanos / ours.medianNanos
+        checks.append(("no-op reconcile of 10,000: ≥ 20× faster than restart-all", significant(x) + "×", x >= 20))
+    }
+    if let r = find("reconcile", .elmish, 10_000, 0) {
+        let x = r.medianNanos / ours.medianNanos
+        checks.append(("no-op reconcile of 10,000: ≥ 3× faster than Elmish-style", significant(x) + "×", x >= 3))
+    }
+    if let r = find("reconcile", .bare, 10_000, 0) {
+        let x = ours.medianNanos / r.medianNanos
+        checks.append(("no-op reconcile of 10,000: within 3× of the bare lookup", significant(x) + "× the bare lookup", x <= 3))
+    }
+}
+if let small = find("messages: unchanged model", .ours, 100, nil), let large = find("messages: unchanged model", .ours, 100_000, nil) {
+    let x = large.medianNanos / small.medianNanos
+    checks.append(("unchanged model costs the same at 100 and 100,000 (within 25%)",
+                   "\(duration(small.medianNanos)) vs \(duration(large.medianNanos)) (\(significant(x))×)", x <= 1.25 && x >= 0.8))
+}
+for b in ["loop-timers", "loop-watches"] {
+    if let r = records.first(where: { $0.benchmark == b && $0.implementation == "ours" }), let x = r.extra("ratio_ours_over_raw") {
+        checks.append(("\(b): driver overhead over raw sd-event ≤ 1.5×", significant(x) + "×", x <= 1.5))
+    }
+}
+if let r = noop.first {
+    checks.append(("no-op reconcile on the real loop: no driver calls, no allocations (syscalls: see strace check)",
+                   "\(significant(r.allocations ?? .nan)) allocs", (r.allocations ?? 1) == 0))
+}
+if !checks.isEmpty {
+    print("### targets\n")
+    printTable(["target", "measured", "met"], checks.map { [$0.0, $0.1, $0.2 ? "yes" : "**no**"] })
+}
+
+if let path = options.json {
+    var uts = utsname()
+    uname(&uts)
+    let machine = withUnsafeBytes(of: uts.machine) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+    let release = withUnsafeBytes(of: uts.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+    let text = json(records, context: [
+        ("command", (["reconcile-bench"] + CommandLine.arguments.dropFirst()).joined(separator: " ")),
+        ("machine", "\(machine), Linux \(release), \(sysconf(Int32(_SC_NPROCESSORS_ONLN))) CPUs"),
+        ("mode", quick ? "quick" : "full"),
+        ("total_seconds", fixed(Double(elapsed.nanoseconds) / 1e9, 1)),
+    ])
+    if !writeFile(path, text) { fail("cannot write \(path)") }
+    progress("wrote \(path)")
+}
