@@ -2,6 +2,7 @@
 /// runtime need to route its events.
 final class ActiveSource<Message>: SourceTicket {
     var tagger: Tagger<Message>
+    var configurationBox: HashableBox
     /// The reconcile pass that last claimed this identity.
     var epoch: UInt64 = 0
     /// Whether this activation handed out a poster (cross-thread events).
@@ -10,6 +11,7 @@ final class ActiveSource<Message>: SourceTicket {
 
     init(_ sub: Subscription<Message>, activation: Activation, owner: (any MessageSink<Message>)?) {
         self.tagger = sub.tagger
+        self.configurationBox = sub.configurationBox
         self.owner = owner
         super.init(activation: activation, id: sub.id, source: sub.source, configuration: sub.configuration)
     }
@@ -56,7 +58,7 @@ public final class Reconciler<Message> {
         var starts: [ActiveSource<Message>] = []
     }
 
-    private(set) var active: [SubscriptionID: ActiveSource<Message>] = [:]
+    private(set) var active: [SubscriptionID: SourceTicket] = [:]
     private var epoch: UInt64 = 0
     private var generation: UInt64 = 0
     weak var owner: (any MessageSink<Message>)?
@@ -93,19 +95,21 @@ public final class Reconciler<Message> {
         var actions = Actions()
         var claimed = 0
         for sub in desired {
-            if let entry = active[sub.id] {
+            if let found = active[sub.id] {
+                let entry = unsafeDowncast(found, to: ActiveSource<Message>.self)
                 if entry.epoch == epoch {
                     plan.duplicates.append(sub.id)
                     continue
                 }
                 entry.epoch = epoch
                 claimed += 1
-                if entry.configuration == sub.configuration {
+                if entry.configurationBox === sub.configurationBox || entry.configurationBox.isEqual(sub.configurationBox) {
                     entry.tagger = sub.tagger
                     plan.kept += 1
                 } else if !entry.hasFailed && entry.source.canRetune(entry.configuration, sub.configuration) {
                     let old = entry.configuration
                     entry.configuration = sub.configuration
+                    entry.configurationBox = sub.configurationBox
                     entry.tagger = sub.tagger
                     actions.retunes.append((entry, old))
                 } else {
@@ -121,9 +125,23 @@ public final class Reconciler<Message> {
             }
         }
         if claimed != active.count {
-            for entry in active.values where entry.epoch != epoch { actions.stops.append(entry) }
+            for found in active.values {
+                let entry = unsafeDowncast(found, to: ActiveSource<Message>.self)
+                if entry.epoch != epoch { actions.stops.append(entry) }
+            }
             for entry in actions.stops { active[entry.id] = nil }
-            actions.stops.sort { $0.activation < $1.activation }
+            if actions.stops.count > 1 {
+                // Sort concrete keys: a generic sort of the entries runs
+                // unspecialised and allocates on every element access.
+                var order: [(UInt64, Int)] = []
+                order.reserveCapacity(actions.stops.count)
+                for i in actions.stops.indices { order.append((actions.stops[i].activation.generation, i)) }
+                order.sort { $0.0 < $1.0 }
+                var sorted: [ActiveSource<Message>] = []
+                sorted.reserveCapacity(order.count)
+                for (_, i) in order { sorted.append(actions.stops[i]) }
+                actions.stops = sorted
+            }
         }
         if !(actions.stops.isEmpty && actions.restarts.isEmpty && actions.retunes.isEmpty && actions.starts.isEmpty) {
             plan.steps.reserveCapacity(actions.stops.count + actions.restarts.count + actions.retunes.count + actions.starts.count)
@@ -137,7 +155,7 @@ public final class Reconciler<Message> {
 
     /// Removes and returns every active source, in activation order (shutdown).
     func removeAll() -> [ActiveSource<Message>] {
-        let all = active.values.sorted { $0.activation < $1.activation }
+        let all = active.values.sorted { $0.activation < $1.activation }.map { unsafeDowncast($0, to: ActiveSource<Message>.self) }
         active.removeAll()
         return all
     }

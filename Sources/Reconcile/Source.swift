@@ -52,15 +52,42 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
     /// The source kind.
     public let kind: SourceKind
     /// The user's key within that kind. Keys must be `Sendable` values.
-    public let key: AnyHashable
+    public var key: AnyHashable { keyBox.hashable }
+    @usableFromInline let keyBox: HashableBox
+    @usableFromInline let cachedHash: Int
 
     /// An identity of `kind` keyed by `key`.
     public init<S: Source, Key: Hashable & Sendable>(_ kind: S.Type, key: Key) {
         self.kind = SourceKind(kind)
-        self.key = AnyHashable(key)
+        self.keyBox = TypedHashableBox(key)
+        var h = Hasher()
+        h.combine(ObjectIdentifier(kind))
+        h.combine(key)
+        cachedHash = h.finalize()
     }
 
+    public static func == (a: SubscriptionID, b: SubscriptionID) -> Bool {
+        a.cachedHash == b.cachedHash && a.kind == b.kind && (a.keyBox === b.keyBox || a.keyBox.isEqual(b.keyBox))
+    }
+    public func hash(into hasher: inout Hasher) { hasher.combine(cachedHash) }
+
     public var description: String { "\(kind.name):\(key)" }
+}
+
+/// A hashable value in a class box whose equality needs no dynamic cast.
+@usableFromInline class HashableBox: @unchecked Sendable {
+    func isEqual(_ other: HashableBox) -> Bool { fatalError() }
+    var hashable: AnyHashable { fatalError() }
+}
+
+final class TypedHashableBox<T: Hashable>: HashableBox, @unchecked Sendable {
+    let value: T
+    init(_ value: T) { self.value = value }
+    override func isEqual(_ other: HashableBox) -> Bool {
+        guard ObjectIdentifier(type(of: other)) == ObjectIdentifier(type(of: self)) else { return false }
+        return value == unsafeDowncast(other, to: TypedHashableBox<T>.self).value
+    }
+    override var hashable: AnyHashable { AnyHashable(value) }
 }
 
 /// Why a source could not run: delivered to the program as an event through the

@@ -3,7 +3,10 @@ public struct Subscription<Message> {
     /// The stable identity (kind + key).
     public let id: SubscriptionID
     /// The source's configuration, type-erased (`Source.Configuration`).
-    public let configuration: AnyHashable
+    public var configuration: AnyHashable { configurationBox.hashable }
+    /// The configuration in a typed box: comparing two costs no dynamic cast
+    /// and no allocation (the reconcile hot path).
+    @usableFromInline let configurationBox: HashableBox
     @usableFromInline let source: any Source.Type
     @usableFromInline let tagger: Tagger<Message>
 
@@ -14,14 +17,14 @@ public struct Subscription<Message> {
         tag: @escaping (S.Event) -> Message
     ) {
         self.id = SubscriptionID(source, key: key)
-        self.configuration = AnyHashable(configuration)
+        self.configurationBox = TypedHashableBox(configuration)
         self.source = source
         self.tagger = Tagger(tag, source: source)
     }
 
-    @usableFromInline init(id: SubscriptionID, configuration: AnyHashable, source: any Source.Type, tagger: Tagger<Message>) {
+    @usableFromInline init(id: SubscriptionID, configurationBox: HashableBox, source: any Source.Type, tagger: Tagger<Message>) {
         self.id = id
-        self.configuration = configuration
+        self.configurationBox = configurationBox
         self.source = source
         self.tagger = tagger
     }
@@ -29,7 +32,7 @@ public struct Subscription<Message> {
     /// The same subscription with its messages mapped by `transform`, for
     /// embedding a child program's subscriptions in a parent's.
     public func map<Other>(_ transform: @escaping (Message) -> Other) -> Subscription<Other> {
-        Subscription<Other>(id: id, configuration: configuration, source: source, tagger: tagger.map(transform))
+        Subscription<Other>(id: id, configurationBox: configurationBox, source: source, tagger: tagger.map(transform))
     }
 
     /// The message this subscription's tagger makes of `event`, or `nil` when
