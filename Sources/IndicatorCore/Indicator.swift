@@ -64,7 +64,9 @@ public struct Indicator: Program {
             }
             switch event {
             case .changed(let c):
-                model.latest = c
+                // A restarted source reports its initial state again: the
+                // same state is not a change (and keeps its time).
+                if model.latest?.state != c.state { model.latest = c }
                 model.failure = nil
                 if once { return [.exit(c.state.online ? 0 : 1)] }
             case .failed(let f):

@@ -54,22 +54,24 @@ public class SourceTicket {
     /// The source kind's type.
     public let source: any Source.Type
     /// The current configuration (updated before `Driver.retune`).
-    public internal(set) var configuration: AnyHashable
+    public var configuration: AnyHashable { configurationBox.hashable }
+    /// The same, in its typed box (compared and cast without allocation).
+    var configurationBox: HashableBox
     /// False once the runtime has stopped this activation.
     public internal(set) var isActive = true
     /// True once the source has reported a failure.
     public internal(set) var hasFailed = false
 
-    init(activation: Activation, id: SubscriptionID, source: any Source.Type, configuration: AnyHashable) {
+    init(activation: Activation, id: SubscriptionID, source: any Source.Type, configurationBox: HashableBox) {
         self.activation = activation
         self.id = id
         self.source = source
-        self.configuration = configuration
+        self.configurationBox = configurationBox
     }
 
     /// The configuration as the source's own type.
     public func configuration<S: Source>(as: S.Type) -> S.Configuration? {
-        configuration.base as? S.Configuration
+        (configurationBox as? TypedHashableBox<S.Configuration>)?.value
     }
 
     /// Hands an event of the source's `Event` type to the program (loop thread).

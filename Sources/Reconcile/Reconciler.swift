@@ -2,7 +2,6 @@
 /// runtime need to route its events.
 final class ActiveSource<Message>: SourceTicket {
     var tagger: Tagger<Message>
-    var configurationBox: HashableBox
     /// The reconcile pass that last claimed this identity.
     var epoch: UInt64 = 0
     /// Whether this activation handed out a poster (cross-thread events).
@@ -11,9 +10,8 @@ final class ActiveSource<Message>: SourceTicket {
 
     init(_ sub: Subscription<Message>, activation: Activation, owner: (any MessageSink<Message>)?) {
         self.tagger = sub.tagger
-        self.configurationBox = sub.configurationBox
         self.owner = owner
-        super.init(activation: activation, id: sub.id, source: sub.source, configuration: sub.configuration)
+        super.init(activation: activation, id: sub.id, source: sub.source, configurationBox: sub.configurationBox)
     }
 
     override func emit(_ event: Any) {
@@ -108,7 +106,6 @@ public final class Reconciler<Message> {
                     plan.kept += 1
                 } else if !entry.hasFailed && entry.source.canRetune(entry.configuration, sub.configuration) {
                     let old = entry.configuration
-                    entry.configuration = sub.configuration
                     entry.configurationBox = sub.configurationBox
                     entry.tagger = sub.tagger
                     actions.retunes.append((entry, old))

@@ -68,7 +68,7 @@ extension SystemdTests {
             #expect(child.errorLine(matching: { $0.contains("line 3") })?.contains("bad settle 'soon'") == true)
             // Still the old configuration: veth0 is reported, veth1 is not.
             sh("nsenter -t \(child.pid) -n ip link add veth0 type veth peer name veth1")
-            let line = child.line()
+            let line = child.line(matching: { $0.contains("veth") })
             #expect(line?.contains("\"veth0\"") == true && line?.contains("veth1") == false)
         }
     }
