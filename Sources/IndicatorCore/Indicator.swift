@@ -30,6 +30,10 @@ public struct Indicator: Program {
         /// The last config problem (kept until a good file is read).
         public var configProblem: String?
         public var rejected = 0
+        /// Config file changes wait for a quiet moment (a debounce keyed by
+        /// this phase), so a file caught half-written is not read.
+        public var configPhase = Phase()
+        public var configPending = false
 
         public init(settings: Settings) { self.settings = settings }
     }
@@ -38,6 +42,7 @@ public struct Indicator: Program {
         case connectivity(ConnectivitySource.Event, Phase)
         case minute
         case configChanged(FileWatchSource.Event)
+        case configQuiet(Phase)
         case reload
         case configRead(path: String, contents: String?)
     }
@@ -50,6 +55,11 @@ public struct Indicator: Program {
         /// Exit with this status (`--once`).
         case exit(Int32)
     }
+
+    /// How long a config file must stay unchanged before it is read.
+    public static let configQuiet: Duration = .milliseconds(100)
+
+    struct ConfigQuietKey: Hashable, Sendable { let phase: Phase }
 
     public func start() -> (Model, [Command]) {
         (Model(settings: base), configPath.map { [.readConfig($0)] } ?? [])
@@ -81,7 +91,15 @@ public struct Indicator: Program {
             return [.log("config watch: \(f)")]
         case .configChanged(.deleted):
             return configPath.map { [.log("config \($0) was deleted: keeping the last good configuration")] } ?? []
-        case .configChanged, .reload:
+        case .configChanged:
+            model.configPhase.advance()
+            model.configPending = true
+            return []
+        case .configQuiet(let phase):
+            guard model.configPhase.isCurrent(phase), model.configPending else { return [] }
+            model.configPending = false
+            return configPath.map { [.readConfig($0)] } ?? []
+        case .reload:
             return configPath.map { [.readConfig($0)] } ?? []
         case .configRead(let path, let contents):
             guard let contents else {
@@ -118,6 +136,10 @@ public struct Indicator: Program {
             }
             if let path = configPath, !once {
                 Subscription.watch(path) { .configChanged($0) }
+                if model.configPending {
+                    let phase = model.configPhase
+                    Subscription.after(Self.configQuiet, key: ConfigQuietKey(phase: phase)) { _ in .configQuiet(phase) }
+                }
             }
             if !once {
                 Subscription.signal(.hangup) { _ in .reload }

@@ -61,10 +61,35 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
         #expect(t.commands == [.log("config /etc/indicator.conf: line 3: unknown key 'colour' (accepted: backend, include, exclude, settle, show_since, color): keeping the last good configuration")])
         t.send(.configChanged(.deleted))
         #expect(t.model.settings == good)
+        // A change is read after a quiet moment (debounce): only the last
+        // of a burst of changes reads the file.
         t.send(.configChanged(.created))
+        #expect(t.commands.isEmpty)
+        let firstQuiet = t.model.configPhase
+        t.send(.configChanged(.modified))
+        t.send(.configQuiet(firstQuiet))
+        #expect(t.commands.isEmpty)
+        t.send(.configQuiet(t.model.configPhase))
         #expect(t.commands == [.readConfig(path)])
         t.send(.reload)
         #expect(t.commands == [.readConfig(path)])
+    }
+
+    @Test func configChangesAreDebouncedOnTheVirtualClock() throws {
+        let driver = VirtualDriver()
+        var commands: [Indicator.Command] = []
+        let path = "/etc/indicator.conf"
+        let rt = Runtime(Indicator(format: .json, configPath: path), driver: driver) { c, _ in commands.append(c) }
+        try rt.start()
+        commands = []
+        let watch = SubscriptionID(FileWatchSource.self, key: path)
+        driver.emit(FileWatchSource.Event.modified, to: watch)
+        driver.advance(by: .milliseconds(50))
+        driver.emit(FileWatchSource.Event.modified, to: watch)
+        driver.advance(by: .milliseconds(99))
+        #expect(commands.isEmpty)
+        driver.advance(by: .milliseconds(1))
+        #expect(commands == [.readConfig(path)])
     }
 
     @Test func onceExitsWithTheVerdict() {

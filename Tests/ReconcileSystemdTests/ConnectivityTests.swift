@@ -188,11 +188,13 @@ extension SystemdTests {
             // networkd manages veth0 and requires it for online.
             inside("sh -c 'printf \"[Match]\\nName=veth0\\n[Link]\\nRequiredForOnline=routable\\n[Network]\\nAddress=192.168.77.1/24\\nLinkLocalAddressing=no\\n\" > /run/systemd/network/50-veth0.network'")
             inside("ip link add veth0 type veth peer name veth1")
-            inside("ip link set veth1 up")
             inside("\(sandbox) --start-networkd")
-            // Recovery: states arrive; offline until veth0 is routable, then online.
+            // Recovery: the state arrives; veth0 has no carrier (its peer is
+            // down), so networkd says offline.
             let first = next { $0.hasPrefix("state=") }
             #expect(first?.contains("online=false") == true, "first: \(first ?? "none")")
+            // The peer comes up: networkd configures veth0, OnlineState goes online.
+            inside("ip link set veth1 up")
             #expect(next { $0.contains("state=routable online=true") } != nil)
             // A PropertiesChanged from another connection is ignored.
             inside("\(sandbox) --busctl emit /org/freedesktop/network1 org.freedesktop.DBus.Properties PropertiesChanged sa{sv}as org.freedesktop.network1.Manager 1 OperationalState s off 0")
