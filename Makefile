@@ -40,7 +40,7 @@ $(FUZZ_BIN): Fuzz/netlink/main.swift Sources/ReconcileSystemd/Netlink/NetlinkPar
 
 fuzz-replay: $(FUZZ_BIN)
 	@mkdir -p .build/fuzz-corpus
-	$(FUZZ_BIN) -runs=200000 -max_len=4096 .build/fuzz-corpus Fuzz/netlink/corpus
+	$(FUZZ_BIN) -seed=1 -runs=200000 -max_len=4096 .build/fuzz-corpus Fuzz/netlink/corpus
 
 fuzz: $(FUZZ_BIN)
 	@mkdir -p .build/fuzz-corpus

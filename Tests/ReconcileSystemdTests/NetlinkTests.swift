@@ -63,6 +63,9 @@ import Testing
         for g in garbage {
             _ = g.withUnsafeBytes { parseNetlink($0) }
         }
+        // Found by the fuzzer: an NLMSG_ERROR whose code is Int32.min (negating it trapped).
+        let errorMin: [UInt8] = [0x24, 0, 0, 0, 2, 0, 0, 0, 1, 0, 8, 0, 0, 0, 1, 0, 0, 0, 0, 0x80] + [UInt8](repeating: 0, count: 16)
+        #expect(errorMin.withUnsafeBytes { parseNetlink($0) }.first?.message == .error(errno: Int32.min))
         // A link message cut in its attributes still yields what was complete.
         var m: [UInt8] = []
         func put32(_ v: UInt32) { withUnsafeBytes(of: v) { m.append(contentsOf: $0) } }

@@ -104,7 +104,7 @@ func parseNetlink(_ datagram: UnsafeRawBufferPointer) -> [NetlinkEnvelope] {
         case NL.newAddr, NL.delAddr: message = parseAddress(r, body, end).map { .address($0, deleted: type == NL.delAddr) }
         case NL.newRoute, NL.delRoute: message = parseRoute(r, body, end).map { .route($0, deleted: type == NL.delRoute) }
         case NL.done: message = .done
-        case NL.error: message = r.u32(body).map { .error(errno: -Int32(bitPattern: $0)) }
+        case NL.error: message = r.u32(body).map { .error(errno: 0 &- Int32(bitPattern: $0)) }
         default: message = .other(type: type)
         }
         if let message { out.append(NetlinkEnvelope(message: message, sequence: seq, flags: flags, portID: pid)) }
