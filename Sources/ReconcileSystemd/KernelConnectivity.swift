@@ -2,7 +2,35 @@ import CSystemd
 import Glibc
 import Reconcile
 
-/// The kernel backend: an rtnetlink socket on the loop.
+/// The kernel backend: the kernel's links, addresses and routes, reported
+/// with networkd's state rules.
+final class KernelConnectivity: RunningSource {
+    private let reporter: ConnectivityReporter
+    private var watcher: NetlinkWatcher?
+
+    init(ticket: SourceTicket, configuration: ConnectivitySource.Configuration, context: SourceContext) throws {
+        let reporter = ConnectivityReporter(ticket: ticket, configuration: configuration, loop: context.loop)
+        self.reporter = reporter
+        watcher = try NetlinkWatcher(
+            receiveBuffer: configuration.receiveBuffer, loop: context.loop, logger: context.logger,
+            onTable: { table in reporter.offer(table.state(admits: reporter.configuration.admits, backend: .kernel)) },
+            onFailure: { reporter.fail($0) })
+    }
+
+    func retune(to configuration: AnyHashable) throws {
+        guard let c = configuration.base as? ConnectivitySource.Configuration else { return }
+        reporter.retune(c)
+        if let table = watcher?.settledTable { reporter.offer(table.state(admits: c.admits, backend: .kernel)) }
+    }
+
+    func stop() {
+        reporter.stop()
+        watcher?.stop()
+        watcher = nil
+    }
+}
+
+/// The kernel's view over rtnetlink, on the loop.
 ///
 /// Two sockets: one joined to the link, address and route groups for
 /// notifications, one for dumps (flow-controlled by the kernel, so a flood of
@@ -11,8 +39,9 @@ import Reconcile
 /// When the notification socket overruns (ENOBUFS) events were lost: the
 /// tables are rebuilt from fresh dumps and the corrected state reported.
 /// Only messages from the kernel (sender port id 0) are believed.
-final class KernelConnectivity: RunningSource {
-    private let reporter: ConnectivityReporter
+final class NetlinkWatcher {
+    private let onTable: (LinkTable) -> Void
+    private let onFailure: (SourceFailure) -> Void
     private let logger: Logger
     private let fd: Int32
     private let dumpFD: Int32
@@ -28,16 +57,20 @@ final class KernelConnectivity: RunningSource {
     /// Counters for logs and tests.
     private(set) var resyncs = 0, forged = 0
 
-    init(ticket: SourceTicket, configuration: ConnectivitySource.Configuration, context: SourceContext) throws {
-        reporter = ConnectivityReporter(ticket: ticket, configuration: configuration, loop: context.loop)
-        logger = context.logger
+    /// Opens the sockets and starts the first dumps; `onTable` gets the table
+    /// after every batch that leaves no dump under way.
+    init(receiveBuffer: Int?, loop: EventLoop, logger: Logger,
+         onTable: @escaping (LinkTable) -> Void, onFailure: @escaping (SourceFailure) -> Void) throws {
+        self.onTable = onTable
+        self.onFailure = onFailure
+        self.logger = logger
         let flags = Int32(SOCK_RAW.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
         fd = socket(AF_NETLINK, flags, NETLINK_ROUTE)
         try checkLibc("socket(AF_NETLINK)", fd)
         dumpFD = socket(AF_NETLINK, flags, NETLINK_ROUTE)
         do {
             try checkLibc("socket(AF_NETLINK)", dumpFD)
-            if var size = configuration.receiveBuffer.map(Int32.init) {
+            if var size = receiveBuffer.map(Int32.init) {
                 // SO_RCVBUFFORCE (root) ignores rmem_max; fall back to SO_RCVBUF.
                 if setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &size, 4) < 0 {
                     try checkLibc("setsockopt(SO_RCVBUF)", setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, 4))
@@ -56,13 +89,13 @@ final class KernelConnectivity: RunningSource {
             }
             logger.info("connectivity: netlink socket port \(bound.nl_pid)", ["NETLINK_PORT": "\(bound.nl_pid)"])
             var s: OpaquePointer?
-            try check("sd_event_add_io", sd_event_add_io(context.loop.handle, &s, fd, UInt32(EPOLLIN.rawValue), { _, fd, _, ud in
-                Unmanaged<KernelConnectivity>.fromOpaque(ud!).takeUnretainedValue().readable(fd)
+            try check("sd_event_add_io", sd_event_add_io(loop.handle, &s, fd, UInt32(EPOLLIN.rawValue), { _, fd, _, ud in
+                Unmanaged<NetlinkWatcher>.fromOpaque(ud!).takeUnretainedValue().readable(fd)
                 return 0
             }, Unmanaged.passUnretained(self).toOpaque()))
             source = EventSource(s!)
-            try check("sd_event_add_io", sd_event_add_io(context.loop.handle, &s, dumpFD, UInt32(EPOLLIN.rawValue), { _, fd, _, ud in
-                Unmanaged<KernelConnectivity>.fromOpaque(ud!).takeUnretainedValue().readable(fd)
+            try check("sd_event_add_io", sd_event_add_io(loop.handle, &s, dumpFD, UInt32(EPOLLIN.rawValue), { _, fd, _, ud in
+                Unmanaged<NetlinkWatcher>.fromOpaque(ud!).takeUnretainedValue().readable(fd)
                 return 0
             }, Unmanaged.passUnretained(self).toOpaque()))
             dumpSource = EventSource(s!)
@@ -107,7 +140,7 @@ final class KernelConnectivity: RunningSource {
                 sendto(dumpFD, &request, request.count, 0, $0, socklen_t(MemoryLayout<sockaddr_nl>.size))
             }
         }
-        if r < 0 { reporter.fail(SystemdError("sendto(netlink dump)", errno: errno).failure) }
+        if r < 0 { onFailure(SystemdError("sendto(netlink dump)", errno: errno).failure) }
     }
 
     private func readable(_ fd: Int32) {
@@ -138,7 +171,7 @@ final class KernelConnectivity: RunningSource {
                     resync()
                     continue
                 default:
-                    reporter.fail(SystemdError("recvmsg(netlink)", errno: errno).failure)
+                    onFailure(SystemdError("recvmsg(netlink)", errno: errno).failure)
                     return
                 }
             }
@@ -166,7 +199,7 @@ final class KernelConnectivity: RunningSource {
             dumping = nil
             if case .error(let code) = e.message, code != 0 {
                 guard code == ENOBUFS || code == EBUSY || code == EINTR else {
-                    reporter.fail(SourceFailure(operation: "netlink dump", code: code, reason: "the kernel refused the dump"))
+                    onFailure(SourceFailure(operation: "netlink dump", code: code, reason: "the kernel refused the dump"))
                     return
                 }
                 resyncPending = true
@@ -177,20 +210,17 @@ final class KernelConnectivity: RunningSource {
         }
     }
 
-    /// After a batch: report if no dump is under way.
-    private func settle() {
-        guard dumping == nil, dumpQueue.isEmpty, !resyncPending else { return }
-        reporter.offer(table.state(admits: reporter.configuration.admits, backend: .kernel))
+    /// The table, when no dump is under way (nil while one is).
+    var settledTable: LinkTable? {
+        dumping == nil && dumpQueue.isEmpty && !resyncPending ? table : nil
     }
 
-    func retune(to configuration: AnyHashable) throws {
-        guard let c = configuration.base as? ConnectivitySource.Configuration else { return }
-        reporter.retune(c)
-        settle()
+    /// After a batch: hand the table on if no dump is under way.
+    private func settle() {
+        if let t = settledTable { onTable(t) }
     }
 
     func stop() {
-        reporter.stop()
         source?.close(); source = nil
         dumpSource?.close(); dumpSource = nil
         close(fd)

@@ -66,12 +66,22 @@ final class NetworkdConnectivity: RunningSource {
     private var owner: String?
     private var properties: [String: String] = [:]
     private var stopped = false
+    /// The kernel's per-interface detail and default route, beside networkd's verdict.
+    private var kernel: NetlinkWatcher?
 
     init(ticket: SourceTicket, configuration: ConnectivitySource.Configuration, context: SourceContext, bus: SystemBus? = nil) {
         reporter = ConnectivityReporter(ticket: ticket, configuration: configuration, loop: context.loop)
         loop = context.loop
         logger = context.logger
         self.bus = bus
+        do {
+            kernel = try NetlinkWatcher(receiveBuffer: configuration.receiveBuffer, loop: context.loop, logger: context.logger,
+                                        onTable: { [weak self] _ in self?.report() }, onFailure: { [weak self] f in
+                                            self?.logger.warning("connectivity: kernel detail unavailable: \(f)")
+                                        })
+        } catch {
+            logger.warning("connectivity: kernel detail unavailable: \(error)")
+        }
         if bus != nil { subscribe() } else { connect() }
     }
 
@@ -222,20 +232,26 @@ final class NetworkdConnectivity: RunningSource {
     }
 
     private func report() {
-        let op = ConnectivitySource.OperationalState(rawValue: properties["OperationalState"] ?? "") ?? .off
+        guard owner != nil, let opText = properties["OperationalState"] else { return }
+        let op = ConnectivitySource.OperationalState(rawValue: opText) ?? .off
         let onlineState = properties["OnlineState"] ?? ""
         let online = onlineState.isEmpty ? op == .routable : onlineState == "online"
-        reporter.offer(.init(state: op, online: online, defaultRoute: nil, interfaces: [], backend: .networkd))
+        let detail = kernel?.settledTable?.state(admits: reporter.configuration.admits)
+        reporter.offer(.init(state: op, online: online, defaultRoute: detail?.defaultRoute,
+                             interfaces: detail?.interfaces ?? [], backend: .networkd))
     }
 
     func retune(to configuration: AnyHashable) throws {
         guard let c = configuration.base as? ConnectivitySource.Configuration else { return }
         reporter.retune(c)
+        report()
     }
 
     func stop() {
         stopped = true
         reporter.stop()
+        kernel?.stop()
+        kernel = nil
         retryTimer?.close(); retryTimer = nil
         for s in slots { sd_bus_slot_unref(s) }
         slots = []

@@ -195,7 +195,10 @@ extension SystemdTests {
             #expect(first?.contains("online=false") == true, "first: \(first ?? "none")")
             // The peer comes up: networkd configures veth0, OnlineState goes online.
             inside("ip link set veth1 up")
-            #expect(next { $0.contains("state=routable online=true") } != nil)
+            let online = next { $0.contains("state=routable online=true") }
+            // networkd's verdict, with the kernel's per-interface detail.
+            #expect(online?.contains("veth0:routable:1") == true && online?.contains("192.168.77.1/24") == true,
+                    "\(online ?? "none")")
             // A PropertiesChanged from another connection is ignored.
             inside("\(sandbox) --busctl emit /org/freedesktop/network1 org.freedesktop.DBus.Properties PropertiesChanged sa{sv}as org.freedesktop.network1.Manager 1 OperationalState s off 0")
             #expect(child.line(matching: { $0.contains("ignored PropertiesChanged") }, timeout: .seconds(10)) != nil)

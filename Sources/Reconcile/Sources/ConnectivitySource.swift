@@ -87,10 +87,10 @@ public enum ConnectivitySource: Source {
         /// Routable and a default route exists (kernel); networkd's
         /// OnlineState, or routable when it has none (networkd).
         public var online: Bool
-        /// Whether an IPv4 or IPv6 default route exists (nil: the backend
-        /// does not know).
+        /// Whether an IPv4 or IPv6 default route exists (from rtnetlink with
+        /// either backend; nil when it cannot be known).
         public var defaultRoute: Bool?
-        /// The included interfaces, by index.
+        /// The included interfaces, by index (from rtnetlink with either backend).
         public var interfaces: [Interface]
         /// The backend that answered (`kernel` or `networkd`).
         public var backend: Backend
