@@ -140,7 +140,8 @@ final class FileTree {
     let parents: [String]
 
     init(count: Int) {
-        var template = Array("/tmp/reconcile-bench-XXXXXX".utf8CString)
+        let tmp = getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp"
+        var template = Array("\(tmp)/reconcile-bench-XXXXXX".utf8CString)
         root = template.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
         let directories = max(1, min(100, count))
         for d in 0..<directories { mkdir("\(root)/d\(d)", 0o755) }
