@@ -1,0 +1,56 @@
+import Reconcile
+import ReconcileTesting
+import Testing
+
+/// The README's example program, verbatim, so the README stays true.
+struct Autosave: Program {
+    struct Model: Equatable { var dirty = false; var phase = Phase() }
+    enum Message { case edited, quiet(Phase), reload }
+    enum Command { case save, readConfig }
+
+    func start() -> (Model, [Command]) { (Model(), [.readConfig]) }
+
+    func update(_ model: inout Model, _ message: Message) -> [Command] {
+        switch message {
+        case .edited:
+            model.dirty = true
+            model.phase.advance()                 // a new debounce timer
+            return []
+        case .quiet(let phase):
+            guard model.phase.isCurrent(phase), model.dirty else { return [] }   // stale tick
+            model.dirty = false
+            return [.save]
+        case .reload:
+            return [.readConfig]
+        }
+    }
+
+    func subscriptions(_ model: Model) -> Subscriptions<Message> {
+        Subscriptions {
+            if model.dirty {
+                let phase = model.phase
+                Subscription.after(.seconds(2), key: phase) { _ in .quiet(phase) }
+            }
+            Subscription.signal(.hangup) { _ in .reload }
+        }
+    }
+}
+
+@Suite struct ReadmeExampleTests {
+    @Test func savesOnceAfterTwoQuietSecondsAndReloadsOnHangup() throws {
+        let driver = VirtualDriver()
+        var commands: [Autosave.Command] = []
+        let rt = Runtime(Autosave(), driver: driver) { c, _ in commands.append(c) }
+        try rt.start()
+        #expect(commands == [.readConfig])
+        try rt.send(.edited)
+        driver.advance(by: .seconds(1))
+        try rt.send(.edited)
+        driver.advance(by: .seconds(1))
+        #expect(commands == [.readConfig])
+        driver.advance(by: .seconds(1))
+        #expect(commands == [.readConfig, .save])
+        driver.emit(SignalSource.Event.received(.hangup, sender: 1), to: SubscriptionID(SignalSource.self, key: SignalSource.Signal.hangup))
+        #expect(commands == [.readConfig, .save, .readConfig])
+    }
+}
