@@ -86,10 +86,16 @@ final class DesiredSet {
     let index: Int
     private var minted: [SourceTicket]?
 
+    /// Each subscription's configuration, type-erased once here (outside the
+    /// timing), for the baselines that key or hash by it: they pay for the
+    /// comparison, not for erasing the value again on every reconcile.
+    let configurations: [AnyHashable]
+
     init(name: String, subscriptions: Subscriptions<BenchMessage>, index: Int) {
         self.name = name
         self.subscriptions = subscriptions
         self.index = index
+        self.configurations = subscriptions.items.map(\.configuration)
     }
 
     var count: Int { subscriptions.items.count }

@@ -136,7 +136,8 @@ final class ElmishStyle: Reconciling {
         let items = set.subscriptions.items
         desiredKeys.removeAll(keepingCapacity: true)
         desiredKeys.reserveCapacity(items.count)
-        for sub in items { desiredKeys.insert(ElmishKey(id: sub.id, configuration: sub.configuration)) }
+        let configurations = set.configurations
+        for (i, sub) in items.enumerated() { desiredKeys.insert(ElmishKey(id: sub.id, configuration: configurations[i])) }
         // Equal key sets: nothing to stop, nothing to start.
         if desiredKeys.count == active.count, desiredKeys.allSatisfy({ active[$0] != nil }) { return }
         for (key, ticket) in active where !desiredKeys.contains(key) {
@@ -147,7 +148,7 @@ final class ElmishStyle: Reconciling {
         gone.removeAll(keepingCapacity: true)
         let tickets = set.tickets
         for (i, sub) in items.enumerated() {
-            let key = ElmishKey(id: sub.id, configuration: sub.configuration)
+            let key = ElmishKey(id: sub.id, configuration: configurations[i])
             if active[key] == nil {
                 driver.start(tickets[i])
                 active[key] = tickets[i]
@@ -180,7 +181,7 @@ final class IcedStyle: Reconciling {
         for i in items.indices {
             var hasher = Hasher()
             hasher.combine(items[i].id)
-            hasher.combine(items[i].configuration)
+            hasher.combine(set.configurations[i])
             let hash = hasher.finalize()
             guard alive.insert(hash).inserted else { continue }
             if running[hash] == nil { pending.append((hash, tickets[i])) }

@@ -105,8 +105,7 @@ public final class Runtime<P: Program>: DriverHost {
     /// - Throws: `RuntimeError.shutDown` after shutdown.
     public func send(_ message: P.Message) throws(RuntimeError) {
         guard state != .shutDown else { throw .shutDown }
-        mailbox.append(Envelope(message: message, source: nil))
-        if state == .running { drainAndReconcile(force: false) }
+        enqueue(message, from: nil)
     }
 
     /// Moves cross-thread messages and events into the mailbox and processes
@@ -119,23 +118,29 @@ public final class Runtime<P: Program>: DriverHost {
 
     private func moveInbox() {
         for item in inbox.takeAll() {
-            switch item {
-            case .message(let m):
-                mailbox.append(Envelope(message: m, source: nil))
-            case .event(let activation, let event):
-                guard let source = posterSources[activation] else { continue }
-                guard let m = source.tagger.tag(event) else {
-                    report(.eventTypeMismatch(source.id, String(describing: type(of: event))))
-                    continue
-                }
-                mailbox.append(Envelope(message: m, source: source))
-            }
+            if let envelope = envelope(item) { mailbox.append(envelope) }
         }
         if retiredPosters > 0 {
             // Posts from these were refused since their stop; all they posted
             // before it was just taken.
             posterSources = posterSources.filter { $0.value.isActive }
             retiredPosters = 0
+        }
+    }
+
+    /// An inbox item as a mailbox envelope: a poster's event is tagged with
+    /// its subscription's tagger now (or the one it had when it stopped).
+    private func envelope(_ item: Inbox<P.Message>.Item) -> Envelope? {
+        switch item {
+        case .message(let m):
+            return Envelope(message: m, source: nil)
+        case .event(let activation, let event):
+            guard let source = posterSources[activation] else { return nil }
+            guard let m = source.tagger.tag(event) else {
+                report(.eventTypeMismatch(source.id, String(describing: type(of: event))))
+                return nil
+            }
+            return Envelope(message: m, source: source)
         }
     }
 
@@ -148,13 +153,7 @@ public final class Runtime<P: Program>: DriverHost {
         state = .shutDown
         let sources = reconciler.removeAll()
         for s in sources { stop(s) }
-        var dropped = mailbox[head...].map(\.message)
-        for item in inbox.close() {
-            switch item {
-            case .message(let m): dropped.append(m)
-            case .event(let a, let e): if let m = posterSources[a]?.tagger.tag(e) { dropped.append(m) }
-            }
-        }
+        let dropped = mailbox[head...].map(\.message) + inbox.close().compactMap { envelope($0)?.message }
         mailbox = []
         head = 0
         posterSources = [:]

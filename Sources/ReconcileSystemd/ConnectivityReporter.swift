@@ -26,7 +26,7 @@ final class ConnectivityReporter {
         failing = false
         guard state != reported else {
             candidate = nil
-            settleTimer?.close(); settleTimer = nil
+            cancelSettle()
             return
         }
         guard let settle = configuration.settle, reported != nil else {
@@ -53,29 +53,34 @@ final class ConnectivityReporter {
         configuration = c
         if c.settle == nil, let pending = candidate {
             candidate = nil
-            settleTimer?.close(); settleTimer = nil
+            cancelSettle()
             emit(pending, since: candidateSince)
         }
     }
 
     func stop() {
-        settleTimer?.close(); settleTimer = nil
+        cancelSettle()
     }
 
     private func emit(_ state: ConnectivitySource.State, since: Int64) {
         reported = state
         candidate = nil
-        settleTimer?.close(); settleTimer = nil
+        cancelSettle()
         ticket.emit(ConnectivitySource.Event.changed(.init(state: state, changedAt: since)))
     }
 
+    private func cancelSettle() {
+        settleTimer?.close()
+        settleTimer = nil
+    }
+
     private func armSettle(_ settle: Duration) {
-        settleTimer?.close(); settleTimer = nil
+        cancelSettle()
         var s: OpaquePointer?
         let r = sd_event_add_time_relative(loop.handle, &s, CLOCK_MONOTONIC, UInt64(max(1, settle.microseconds)), 1000, { _, _, ud in
             let me = Unmanaged<ConnectivityReporter>.fromOpaque(ud!).takeUnretainedValue()
-            me.settleTimer?.close(); me.settleTimer = nil
-            if let c = me.candidate, c != me.reported { me.emit(c, since: me.candidateSince) }
+            // The candidate held for the whole settle time.
+            if let c = me.candidate, c != me.reported { me.emit(c, since: me.candidateSince) } else { me.cancelSettle() }
             return 0
         }, Unmanaged.passUnretained(self).toOpaque())
         if r >= 0 { settleTimer = EventSource(s!) } else if let c = candidate { emit(c, since: candidateSince) }

@@ -45,14 +45,6 @@ public final class EventLoop {
         thread = CSystemd_thread_id()
     }
 
-    /// The calling thread's default loop (`sd_event_default`), borrowed.
-    public static func borrowingDefault() throws(SystemdError) -> (EventLoop, release: () -> Void) {
-        var e: OpaquePointer?
-        try check("sd_event_default", sd_event_default(&e))
-        let h = e!
-        return (EventLoop(borrowing: h), { _ = sd_event_unref(h) })
-    }
-
     deinit {
         if ownership == .owned { sd_event_unref(handle) }
     }

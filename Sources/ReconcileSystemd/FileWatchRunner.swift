@@ -96,9 +96,7 @@ final class FileWatchRunner: RunningSource {
     /// changed about the path's existence. Throws only what the program must
     /// hear about (permission denied, watch limits).
     private func arm() throws(SystemdError) {
-        parentWatch?.close(); parentWatch = nil
-        targetWatch?.close(); targetWatch = nil
-        ancestorWatch?.close(); ancestorWatch = nil
+        closeWatches()
         needsRearm = false
         let existed = exists
         do {
@@ -256,10 +254,14 @@ final class FileWatchRunner: RunningSource {
 
     func retune(to configuration: AnyHashable) throws {}
 
-    func stop() {
+    private func closeWatches() {
         parentWatch?.close(); parentWatch = nil
         targetWatch?.close(); targetWatch = nil
         ancestorWatch?.close(); ancestorWatch = nil
+    }
+
+    func stop() {
+        closeWatches()
         flush?.close(); flush = nil
         pending = []
     }

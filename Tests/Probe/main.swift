@@ -10,11 +10,14 @@ func say(_ line: String) {
     _ = write(1, &bytes, bytes.count)
 }
 
+/// Every probe program's one command: print a line.
+enum Say { case say(String) }
+
 /// Subscribes to SIGHUP and SIGUSR1; its status counts SIGHUPs.
 struct SignalProgram: Program {
     struct Model: Equatable { var hups = 0; var log: [String] = [] }
     enum Message { case signal(SignalSource.Event) }
-    enum Command { case say(String) }
+    typealias Command = Say
     func start() -> (Model, [Command]) { (Model(), []) }
     func update(_ model: inout Model, _ message: Message) -> [Command] {
         switch message {
@@ -38,7 +41,7 @@ struct SignalProgram: Program {
 struct WatchProgram: Program {
     let path: String
     enum Message { case file(FileWatchSource.Event) }
-    enum Command { case say(String) }
+    typealias Command = Say
     func start() -> (Int, [Command]) { (0, []) }
     func update(_ model: inout Int, _ message: Message) -> [Command] {
         model += 1
@@ -56,7 +59,7 @@ struct WatchProgram: Program {
 struct ConnectivityProgram: Program {
     let configuration: ConnectivitySource.Configuration
     enum Message { case connectivity(ConnectivitySource.Event) }
-    enum Command { case say(String) }
+    typealias Command = Say
     func start() -> (Int, [Command]) { (0, []) }
     func update(_ model: inout Int, _ message: Message) -> [Command] {
         model += 1
@@ -76,16 +79,13 @@ struct ConnectivityProgram: Program {
     }
 }
 
-protocol Saying { var line: String { get } }
-extension SignalProgram.Command: Saying { var line: String { switch self { case .say(let s): s } } }
-extension WatchProgram.Command: Saying { var line: String { switch self { case .say(let s): s } } }
-extension ConnectivityProgram.Command: Saying { var line: String { switch self { case .say(let s): s } } }
-
-func runDaemon<P: Program>(_ program: P, logToStdout: Bool = false) -> Int32 where P.Command: Saying {
+func runDaemon<P: Program>(_ program: P, logToStdout: Bool = false) -> Int32 where P.Command == Say {
     do {
         var options = Daemon<P>.Options()
         options.logger = Logger(level: .info, handler: logToStdout ? LogHandler { say("log: \($0.message)") } : .stderr)
-        let daemon = try Daemon(program, options: options) { command, _ in say(command.line) }
+        let daemon = try Daemon(program, options: options) { command, _ in
+            switch command { case .say(let line): say(line) }
+        }
         say("running")
         let code = try daemon.run()
         say("exit \(code) stops=\(daemon.runtime.stats.stops) starts=\(daemon.runtime.stats.starts) live=\(EventSourceAccounting.live)")

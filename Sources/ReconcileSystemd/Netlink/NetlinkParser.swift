@@ -8,7 +8,7 @@ enum NL {
     static let newLink: UInt16 = 16, delLink: UInt16 = 17, getLink: UInt16 = 18
     static let newAddr: UInt16 = 20, delAddr: UInt16 = 21, getAddr: UInt16 = 22
     static let newRoute: UInt16 = 24, delRoute: UInt16 = 25, getRoute: UInt16 = 26
-    static let fRequest: UInt16 = 0x1, fMulti: UInt16 = 0x2, fDumpIntr: UInt16 = 0x10, fDump: UInt16 = 0x300
+    static let fRequest: UInt16 = 0x1, fDumpIntr: UInt16 = 0x10, fDump: UInt16 = 0x300
     static let headerSize = 16
 }
 
