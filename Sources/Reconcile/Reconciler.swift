@@ -66,7 +66,7 @@ public final class Reconciler<Message> {
 
     /// The identities running now, in activation order.
     public var activeIDs: [SubscriptionID] {
-        Self.inActivationOrder(active.values).map(\.id)
+        activeInOrder.map(\.id)
     }
 
     /// The number of running sources.
@@ -141,18 +141,29 @@ public final class Reconciler<Message> {
 
     /// Removes and returns every active source, in activation order (shutdown).
     func removeAll() -> [ActiveSource<Message>] {
-        let all = Self.inActivationOrder(active.values)
+        let all = activeInOrder
         active.removeAll()
         return all
     }
 
-    /// `tickets` in activation order. Sorted as the non-generic
-    /// `SourceTicket`: a sort over the generic entry type runs unspecialised
-    /// and allocates on every element access (about 42 allocations a stop).
-    private static func inActivationOrder(_ tickets: some Sequence<SourceTicket>) -> [ActiveSource<Message>] {
-        var list = Array(tickets)
-        list.sort { $0.activation.generation < $1.activation.generation }
-        return list.map { unsafeDowncast($0, to: ActiveSource<Message>.self) }
+    /// `entries` in activation order. The sort runs over concrete
+    /// `(generation, index)` pairs: a sort over the generic entry type runs
+    /// unspecialised and allocates on every element access (about 42
+    /// allocations a stop).
+    private static func inActivationOrder(_ entries: [ActiveSource<Message>]) -> [ActiveSource<Message>] {
+        var order: [(UInt64, Int)] = []
+        order.reserveCapacity(entries.count)
+        for i in entries.indices { order.append((entries[i].activation.generation, i)) }
+        order.sort { $0.0 < $1.0 }
+        var sorted: [ActiveSource<Message>] = []
+        sorted.reserveCapacity(entries.count)
+        for (_, i) in order { sorted.append(entries[i]) }
+        return sorted
+    }
+
+    /// The active entries, in activation order.
+    private var activeInOrder: [ActiveSource<Message>] {
+        Self.inActivationOrder(active.values.map { unsafeDowncast($0, to: ActiveSource<Message>.self) })
     }
 
     private func makeEntry(_ sub: Subscription<Message>) -> ActiveSource<Message> {
