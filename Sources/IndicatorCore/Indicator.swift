@@ -59,8 +59,6 @@ public struct Indicator: Program {
     /// How long a config file must stay unchanged before it is read.
     public static let configQuiet: Duration = .milliseconds(100)
 
-    struct ConfigQuietKey: Hashable, Sendable { let phase: Phase }
-
     public func start() -> (Model, [Command]) {
         (Model(settings: base), configPath.map { [.readConfig($0)] } ?? [])
     }
@@ -138,7 +136,7 @@ public struct Indicator: Program {
                 Subscription.watch(path) { .configChanged($0) }
                 if model.configPending {
                     let phase = model.configPhase
-                    Subscription.after(Self.configQuiet, key: ConfigQuietKey(phase: phase)) { _ in .configQuiet(phase) }
+                    Subscription.debounce("config", phase: phase, after: Self.configQuiet) { _ in .configQuiet(phase) }
                 }
             }
             if !once {

@@ -46,20 +46,25 @@ public struct Renderer: Sendable {
         return "\r\u{1b}[2K" + (m.settings.color ? mark + " " : "") + line + since
     }
 
+    /// Every record has the same fields: while the backend fails, `state` is
+    /// `unknown`, `backend` the configured one, `changed_at` null, no
+    /// interfaces, and `error` the reason (null otherwise).
     func json(_ m: Indicator.Model) -> String? {
-        if let f = m.failure { return "{\"error\":\(quote(f)),\"online\":false}" }
+        if let f = m.failure {
+            return "{\"state\":\"unknown\",\"online\":false,\"default_route\":null,\"backend\":\(quote(m.settings.connectivity.backend.rawValue)),\"changed_at\":null,\"interfaces\":[],\"error\":\(quote(f))}"
+        }
         guard let c = m.latest else { return nil }
         let s = c.state
         let ifaces = s.interfaces.map {
             "{\"name\":\(quote($0.name)),\"state\":\(quote($0.state.rawValue)),\"addresses\":[\($0.addresses.map(quote).joined(separator: ","))]}"
         }
         let route = s.defaultRoute.map { $0 ? "true" : "false" } ?? "null"
-        return "{\"state\":\(quote(s.state.rawValue)),\"online\":\(s.online),\"default_route\":\(route),\"backend\":\(quote(s.backend.rawValue)),\"changed_at\":\(quote(rfc3339(c.changedAt))),\"interfaces\":[\(ifaces.joined(separator: ","))]}"
+        return "{\"state\":\(quote(s.state.rawValue)),\"online\":\(s.online),\"default_route\":\(route),\"backend\":\(quote(s.backend.rawValue)),\"changed_at\":\(quote(rfc3339(c.changedAt))),\"interfaces\":[\(ifaces.joined(separator: ","))],\"error\":null}"
     }
 
     func waybar(_ m: Indicator.Model) -> String? {
         if let f = m.failure {
-            return "{\"text\":\"?\",\"tooltip\":\(quote(f)),\"class\":\"unknown\",\"alt\":\"unknown\"}"
+            return "{\"text\":\"?\",\"tooltip\":\(quote("unknown: " + f)),\"class\":\"error\",\"alt\":\"unknown\"}"
         }
         guard let c = m.latest else { return nil }
         let s = c.state

@@ -17,8 +17,10 @@ public struct Activation: Hashable, Comparable, Sendable, CustomStringConvertibl
 /// A token a model owns to tell its current phase from earlier ones.
 ///
 /// Taggers capture the model's phase; a message queued before the model moved
-/// on carries the old phase, and `update` rejects it by comparing. A one-shot
-/// timer whose identity includes the phase is a debounce.
+/// on carries the old phase, and `update` rejects it by comparing.
+/// `Subscription.debounce(_:phase:after:_:)` makes a one-shot timer whose
+/// identity is a name plus the phase: a debounce. A bare phase is not a timer
+/// key (two debouncers would collide when their counters are equal).
 public struct Phase: Hashable, Comparable, Sendable, CustomStringConvertible {
     /// The phase's number; the initial phase is 0.
     public private(set) var value: UInt64

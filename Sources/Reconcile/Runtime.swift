@@ -32,7 +32,9 @@ public final class Runtime<P: Program>: DriverHost {
     public private(set) var model: P.Model
     /// Counters: messages, reconciles, driver calls, late deliveries.
     public private(set) var stats = RuntimeStats()
-    /// The last non-skipped reconcile's plan.
+    /// The plan of the last reconcile: empty when it asked the driver for
+    /// nothing (or was skipped because an `Equatable` model was unchanged).
+    /// `ProgramTester.lastPlan` holds the same value for the same step.
     public private(set) var lastPlan = Plan()
 
     /// Called after each committed model (render here).
@@ -202,6 +204,7 @@ public final class Runtime<P: Program>: DriverHost {
     private func reconcile() {
         if let last = reconciledModel, program.isUnchanged(last, model) {
             stats.skippedReconciles += 1
+            lastPlan = Plan()
             return
         }
         let (plan, actions) = reconciler.reconcile(program.subscriptions(model).items)
@@ -224,8 +227,8 @@ public final class Runtime<P: Program>: DriverHost {
             }
             for s in actions.starts { start(s) }
         }
+        lastPlan = plan
         if !plan.isEmpty || !plan.duplicates.isEmpty {
-            lastPlan = plan
             didReconcile?(plan)
         }
     }

@@ -16,7 +16,10 @@ public struct ProgramTester<P: Program> {
     public private(set) var commands: [P.Command]
     /// Every command requested since the tester was created, in order.
     public private(set) var allCommands: [P.Command]
-    /// How the last step changed the desired subscriptions.
+    /// How the last step changed the desired subscriptions: the plan of its
+    /// reconcile, empty when nothing changed. The same value `Runtime.lastPlan`
+    /// holds after that message (the runtime reconciles once per drained
+    /// batch; a tester step is a batch of one).
     public private(set) var lastPlan: Plan
     private let reconciler = Reconciler<P.Message>()
 
@@ -49,9 +52,11 @@ public struct ProgramTester<P: Program> {
     /// Applies `message`; returns the commands it requested.
     @discardableResult
     public mutating func send(_ message: P.Message) -> [P.Command] {
+        let before = model
         commands = program.update(&model, message)
         allCommands += commands
-        lastPlan = reconciler.reconcile(program.subscriptions(model))
+        // As `Runtime.lastPlan`: an unchanged `Equatable` model is not reconciled.
+        lastPlan = program.isUnchanged(before, model) ? Plan() : reconciler.reconcile(program.subscriptions(model))
         return commands
     }
 

@@ -166,12 +166,16 @@ public final class VirtualDriver: Driver {
     // MARK: Injection
 
     /// Delivers `event` from the running source `id` on the loop (as the
-    /// source would). Returns false when `id` is not running.
+    /// source would). Returns false when `id` is not running, and when
+    /// `event` is not of its source's `Event` type (it is handed over anyway,
+    /// as a buggy source would, and the runtime drops it with a diagnostic).
+    /// Prefer the typed `emit(_:to:)` with a `TypedSubscriptionID`: a wrong
+    /// type does not compile there.
     @discardableResult
     public func emit(_ event: Any, to id: SubscriptionID) -> Bool {
         guard let ticket = running[id] else { return false }
         ticket.emit(event)
-        return true
+        return accepts(ticket.source, event)
     }
 
     /// Reports a failure of the running source `id`.

@@ -1,3 +1,4 @@
+import Foundation
 import IndicatorCore
 import Reconcile
 import ReconcileTesting
@@ -8,9 +9,7 @@ let since = SubscriptionID(TimerSource.self, key: "since")
 let hup = SubscriptionID(SignalSource.self, key: SignalSource.Signal.hangup)
 
 func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySource.Event {
-    .changed(.init(state: .init(state: .routable, online: true, defaultRoute: true,
-                                interfaces: [.init(name: name, index: 2, state: .routable, addresses: ["10.0.0.1/24"])],
-                                backend: .kernel), changedAt: at))
+    .online(via: name, at: at)
 }
 
 @Suite struct IndicatorTests {
@@ -82,10 +81,11 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
         let rt = Runtime(Indicator(format: .json, configPath: path), driver: driver) { c, _ in commands.append(c) }
         try rt.start()
         commands = []
-        let watch = SubscriptionID(FileWatchSource.self, key: path)
-        driver.emit(FileWatchSource.Event.modified, to: watch)
+        let watch = try #require(driver.subscription(FileWatchSource.self, key: path))
+        driver.emit(.modified, to: watch)
         driver.advance(by: .milliseconds(50))
-        driver.emit(FileWatchSource.Event.modified, to: watch)
+        #expect(driver.debounce("config") != nil)
+        driver.emit(.modified, to: watch)
         driver.advance(by: .milliseconds(99))
         #expect(commands.isEmpty)
         driver.advance(by: .milliseconds(1))
@@ -111,18 +111,47 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
         #expect(rt.program.status(rt.model) == "unknown: networkd is not running")
     }
 
+    @Test func everyJsonRecordHasTheSameFieldsAndAFailureIsStateUnknown() throws {
+        func object(_ line: String?) throws -> [String: Any] {
+            let data = Data(try #require(line).utf8)
+            return try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        }
+        var m = Indicator.Model(settings: Settings())
+        m.latest = .init(state: .online(via: "eth0"), changedAt: 0)
+        let good = try object(Renderer(format: .json, terminal: false).render(m, now: 0))
+        m.failure = "networkd is not running"
+        let failing = try object(Renderer(format: .json, terminal: false).render(m, now: 0))
+        #expect(Set(good.keys) == Set(failing.keys))
+        #expect(Set(good.keys) == ["state", "online", "default_route", "backend", "changed_at", "interfaces", "error"])
+        #expect(good["error"] is NSNull && good["state"] as? String == "routable")
+        #expect(failing["state"] as? String == "unknown" && failing["online"] as? Bool == false)
+        #expect(failing["error"] as? String == "networkd is not running" && failing["backend"] as? String == "auto")
+        let waybarGood = try object(Renderer(format: .waybar, terminal: false).render(Indicator.Model(settings: Settings()).with(latest: m.latest), now: 0))
+        let waybarFailing = try object(Renderer(format: .waybar, terminal: false).render(m, now: 0))
+        #expect(Set(waybarGood.keys) == Set(waybarFailing.keys))
+        #expect(waybarFailing["class"] as? String == "error" && waybarFailing["alt"] as? String == "unknown")
+    }
+
     @Test func rendersTheDocumentedFormats() {
         var m = Indicator.Model(settings: Settings())
         m.latest = .init(state: .init(state: .routable, online: true, defaultRoute: true,
                                       interfaces: [.init(name: "eth0", index: 2, state: .routable, addresses: ["10.0.0.1/24"])],
                                       backend: .kernel), changedAt: 1_764_511_200_123_000)
         #expect(Renderer(format: .json, terminal: false).render(m, now: 0)
-                == #"{"state":"routable","online":true,"default_route":true,"backend":"kernel","changed_at":"2025-11-30T14:00:00.123Z","interfaces":[{"name":"eth0","state":"routable","addresses":["10.0.0.1/24"]}]}"#)
+                == #"{"state":"routable","online":true,"default_route":true,"backend":"kernel","changed_at":"2025-11-30T14:00:00.123Z","interfaces":[{"name":"eth0","state":"routable","addresses":["10.0.0.1/24"]}],"error":null}"#)
         #expect(Renderer(format: .waybar, terminal: false).render(m, now: 0)
                 == #"{"text":"eth0","tooltip":"online via eth0\neth0: routable 10.0.0.1/24","class":"online","alt":"routable"}"#)
         #expect(Renderer(format: .text, terminal: false).render(m, now: 0) == "online via eth0")
         #expect(Renderer(format: .text, terminal: true).render(m, now: 1_764_511_200_123_000 + 180_000_000)?.hasSuffix("online via eth0 for 3m") == true)
         #expect(rfc3339(0) == "1970-01-01T00:00:00.000Z")
         #expect(parseDuration("1.5s") == .milliseconds(1500) && parseDuration("soon") == nil)
+    }
+}
+
+extension Indicator.Model {
+    func with(latest: ConnectivitySource.Change?) -> Self {
+        var copy = self
+        copy.latest = latest
+        return copy
     }
 }

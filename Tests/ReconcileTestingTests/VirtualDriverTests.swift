@@ -83,7 +83,7 @@ struct Ticks: Program {
         // The wrong event type is a diagnostic, not a crash.
         var diagnostics: [Diagnostic] = []
         rt.diagnostics = { diagnostics.append($0) }
-        driver.emit("garbage", to: id)
+        #expect(!driver.emit("garbage", to: id))
         #expect(diagnostics == [.eventTypeMismatch(id, "String")])
     }
 }

@@ -126,7 +126,7 @@ struct Debounce: Program {
         Subscriptions {
             if model.waiting {
                 let phase = model.phase
-                Subscription.after(Self.delay, key: phase) { _ in .quiet(phase) }
+                Subscription.debounce("query", phase: phase, after: Self.delay) { _ in .quiet(phase) }
             }
         }
     }

@@ -29,7 +29,7 @@ struct Autosave: Program {
         Subscriptions {
             if model.dirty {
                 let phase = model.phase
-                Subscription.after(.seconds(2), key: phase) { _ in .quiet(phase) }
+                Subscription.debounce("save", phase: phase, after: .seconds(2)) { _ in .quiet(phase) }
             }
             Subscription.signal(.hangup) { _ in .reload }
         }

@@ -87,8 +87,9 @@ extension Subscription {
                      configuration: .init(interval: interval, repeats: true, clock: clock, leeway: leeway), tag: tag)
     }
 
-    /// A one-shot timer keyed by `key`, due `delay` after it starts. Put a
-    /// phase in the key to get a debounce: a new phase is a new timer.
+    /// A one-shot timer keyed by `key`, due `delay` after it starts. For a
+    /// debounce use `debounce(_:phase:after:_:)`: its key names the debouncer
+    /// and carries the phase, so a new phase is a new timer.
     public static func after<Key: Hashable & Sendable>(
         _ delay: Duration, key: Key, clock: TimerSource.Clock = .monotonic,
         leeway: Duration = TimerSource.defaultLeeway, _ tag: @escaping (TimerSource.Event) -> Message
