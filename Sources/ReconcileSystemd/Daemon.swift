@@ -10,7 +10,9 @@ import Reconcile
 /// - `READY=1` is sent after the first reconcile; `STATUS=` whenever the
 ///   program's `status(_:)` changes; the watchdog is pinged by the loop when
 ///   `WATCHDOG_USEC` is set.
-/// - Every plan step and every source failure is logged with its reason.
+/// - Each reconcile that changed something is logged at info (counts by
+///   outcome), its steps at debug; every source failure at warning with
+///   its reason.
 public final class Daemon<P: Program> {
     /// Options for the daemon glue.
     public struct Options {
@@ -139,18 +141,7 @@ public final class Daemon<P: Program> {
 
     private func wire() {
         let logger = options.logger
-        runtime.didReconcile = { plan in
-            for step in plan.steps {
-                let outcome: String
-                switch step {
-                case .start: outcome = "start"
-                case .retune: outcome = "retune"
-                case .restart: outcome = "restart"
-                case .stop: outcome = "stop"
-                }
-                logger.info(step.description, ["SUBSCRIPTION": "\(step.id)", "OUTCOME": outcome])
-            }
-        }
+        runtime.didReconcile = { plan in logger.logReconcile(plan) }
         runtime.diagnostics = { d in
             switch d {
             case .sourceFailed(let id, let a, let f):

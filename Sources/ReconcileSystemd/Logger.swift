@@ -1,5 +1,6 @@
 import CSystemd
 import Glibc
+import Reconcile
 
 /// Syslog priorities, as journald and `<N>` stderr prefixes use them.
 public enum LogLevel: Int32, Comparable, Sendable, CaseIterable {
@@ -9,19 +10,59 @@ public enum LogLevel: Int32, Comparable, Sendable, CaseIterable {
 }
 
 /// One log line with structured fields (`SUBSCRIPTION=`, `OUTCOME=` ...).
-public struct LogRecord: Sendable {
+public struct LogRecord: Sendable, Equatable {
+    /// The record's priority.
     public var level: LogLevel
+    /// The human line (journald's `MESSAGE=`).
     public var message: String
     /// Field names are upper case letters, digits and `_`.
     public var fields: [String: String]
+
+    /// A record at `level` saying `message`, with journal `fields`.
+    public init(level: LogLevel, message: String, fields: [String: String] = [:]) {
+        self.level = level
+        self.message = message
+        self.fields = fields
+    }
 }
 
-/// Where log records go.
-public struct LogHandler: Sendable {
+/// Where log records go: implement it to forward records to your own sink
+/// or to filter them, and set it as `Logger.handler`.
+///
+/// ```swift
+/// struct FailuresOnly: LogHandling {
+///     var next: any LogHandling = .journal
+///     func handle(_ record: LogRecord) {
+///         if record.level <= .warning { next.handle(record) }
+///     }
+/// }
+/// ```
+///
+/// `handle` is called on the thread that logs (the loop thread, for
+/// everything the runtime and driver log); it must not block.
+public protocol LogHandling: Sendable {
+    /// Takes one record that passed the logger's level.
+    func handle(_ record: LogRecord)
+}
+
+extension LogHandling where Self == LogHandler {
+    /// journald (`LogHandler.journal`).
+    public static var journal: LogHandler { LogHandler.journal }
+    /// Standard error (`LogHandler.stderr`).
+    public static var stderr: LogHandler { LogHandler.stderr }
+    /// journald when standard error is the journal, else standard error.
+    public static var automatic: LogHandler { LogHandler.automatic }
+}
+
+/// The built-in handlers (journald, standard error), or a closure.
+public struct LogHandler: LogHandling {
     let write: @Sendable (LogRecord) -> Void
 
     /// A handler that calls `write` for every record (the host's own sink).
     public init(_ write: @escaping @Sendable (LogRecord) -> Void) { self.write = write }
+
+    /// Calls the handler's closure.
+    public func handle(_ record: LogRecord) { write(record) }
 
     /// journald, with the record's fields as journal fields.
     /// The corresponding C function is `sd_journal_sendv`.
@@ -86,10 +127,10 @@ public struct Logger: Sendable {
     /// Records below this level are dropped.
     public var level: LogLevel
     /// Where records go.
-    public var handler: LogHandler
+    public var handler: any LogHandling
 
     /// A logger at `level` writing to `handler` (journald or stderr by default).
-    public init(level: LogLevel = .info, handler: LogHandler = .automatic) {
+    public init(level: LogLevel = .info, handler: any LogHandling = LogHandler.automatic) {
         self.level = level
         self.handler = handler
     }
@@ -97,12 +138,55 @@ public struct Logger: Sendable {
     /// Logs `message` with `fields` at `level`.
     public func log(_ level: LogLevel, _ message: @autoclosure () -> String, _ fields: @autoclosure () -> [String: String] = [:]) {
         guard level <= self.level else { return }
-        handler.write(LogRecord(level: level, message: message(), fields: fields()))
+        handler.handle(LogRecord(level: level, message: message(), fields: fields()))
     }
 
+    /// Whether a record at `level` would be written.
+    public func isEnabled(_ level: LogLevel) -> Bool { level <= self.level }
+
+    /// Logs at `.debug`.
     public func debug(_ m: @autoclosure () -> String, _ f: @autoclosure () -> [String: String] = [:]) { log(.debug, m(), f()) }
+    /// Logs at `.info`.
     public func info(_ m: @autoclosure () -> String, _ f: @autoclosure () -> [String: String] = [:]) { log(.info, m(), f()) }
+    /// Logs at `.notice`.
     public func notice(_ m: @autoclosure () -> String, _ f: @autoclosure () -> [String: String] = [:]) { log(.notice, m(), f()) }
+    /// Logs at `.warning`.
     public func warning(_ m: @autoclosure () -> String, _ f: @autoclosure () -> [String: String] = [:]) { log(.warning, m(), f()) }
+    /// Logs at `.error`.
     public func error(_ m: @autoclosure () -> String, _ f: @autoclosure () -> [String: String] = [:]) { log(.error, m(), f()) }
+}
+
+extension Logger {
+    /// Logs what one reconcile did: one info line with the counts by outcome
+    /// when it asked the driver for something (fields
+    /// `STARTED=`, `RETUNED=`, `RESTARTED=`, `STOPPED=`, `KEPT=`), then each
+    /// step once at debug (`SUBSCRIPTION=`, `OUTCOME=`). `Daemon` calls this
+    /// from `Runtime.didReconcile`; a host running its own `Runtime` on a
+    /// `SystemdDriver` can do the same (`runtime.didReconcile = logger.logReconcile`).
+    public func logReconcile(_ plan: Plan) {
+        guard !plan.isEmpty, isEnabled(.info) else { return }
+        var started = 0, retuned = 0, restarted = 0, stopped = 0
+        for step in plan.steps {
+            switch step {
+            case .start: started += 1
+            case .retune: retuned += 1
+            case .restart: restarted += 1
+            case .stop: stopped += 1
+            }
+        }
+        let counts = [("started", started), ("retuned", retuned), ("restarted", restarted), ("stopped", stopped), ("kept", plan.kept)]
+        info("reconcile: " + counts.filter { $0.1 > 0 || $0.0 == "kept" }.map { "\($0.1) \($0.0)" }.joined(separator: ", "),
+             Dictionary(uniqueKeysWithValues: counts.map { ($0.0.uppercased(), "\($0.1)") }))
+        guard isEnabled(.debug) else { return }
+        for step in plan.steps {
+            let outcome: String
+            switch step {
+            case .start: outcome = "start"
+            case .retune: outcome = "retune"
+            case .restart: outcome = "restart"
+            case .stop: outcome = "stop"
+            }
+            debug(step.description, ["SUBSCRIPTION": "\(step.id)", "OUTCOME": outcome])
+        }
+    }
 }

@@ -11,7 +11,8 @@ import Synchronization
 public final class SystemdDriver: Driver {
     /// The loop the sources run on.
     public let loop: EventLoop
-    /// Where the driver logs each start, retune, stop and failure.
+    /// The logger sources use (`SourceContext.logger`). Plan steps are logged
+    /// by the host from `Runtime.didReconcile` (`Logger.logReconcile(_:)`), not here.
     public var logger: Logger
 
     private var running: [ObjectIdentifier: any RunningSource] = [:]
@@ -51,8 +52,6 @@ public final class SystemdDriver: Driver {
     }
 
     public func start(_ ticket: SourceTicket) {
-        logger.debug("start \(ticket.id) \(ticket.activation): \(ticket.configuration.base)",
-                     ["SUBSCRIPTION": "\(ticket.id)", "ACTIVATION": "\(ticket.activation.generation)", "OUTCOME": "start"])
         guard let kind = ticket.source as? any SystemdSource.Type else {
             ticket.fail(SourceFailure(operation: "start \(ticket.id)",
                                       reason: "the sd-event driver cannot run source kind '\(ticket.id.kind)' (it does not conform to SystemdSource)"))
@@ -66,15 +65,11 @@ public final class SystemdDriver: Driver {
     }
 
     public func retune(_ ticket: SourceTicket, from old: AnyHashable) {
-        logger.debug("retune \(ticket.id) \(ticket.activation): \(old.base) -> \(ticket.configuration.base)",
-                     ["SUBSCRIPTION": "\(ticket.id)", "ACTIVATION": "\(ticket.activation.generation)", "OUTCOME": "retune"])
         guard let source = running[ObjectIdentifier(ticket)] else { return }
         do { try source.retune(to: ticket.configuration) } catch { ticket.fail(Self.failure(error, ticket)) }
     }
 
     public func stop(_ ticket: SourceTicket) {
-        logger.debug("stop \(ticket.id) \(ticket.activation)",
-                     ["SUBSCRIPTION": "\(ticket.id)", "ACTIVATION": "\(ticket.activation.generation)", "OUTCOME": "stop"])
         running.removeValue(forKey: ObjectIdentifier(ticket))?.stop()
     }
 
