@@ -13,17 +13,19 @@ build: deps
 # Builds everything (warnings are errors) and runs every test.
 test: deps
 	$(SWIFT) build --build-tests $(SWIFTFLAGS)
-	timeout 1500 $(SWIFT) test --skip-build
+	timeout 1500 $(SWIFT) test --skip-build --disable-xctest
 	$(MAKE) --no-print-directory fuzz-replay
 
 # Builds and runs the connectivity indicator on this machine (Ctrl-C stops it).
+# Same flags as `make test`, so switching between the two rebuilds nothing.
 demo: deps
-	$(SWIFT) build --product connectivity-indicator
+	$(SWIFT) build --product connectivity-indicator $(SWIFTFLAGS)
+	@if [ -t 1 ]; then echo "connectivity-indicator: watching this machine's connectivity; Ctrl-C stops it"; fi
 	.build/debug/connectivity-indicator
 
 # The indicator in a private network namespace, reacting to a scripted veth.
 demo-netns: deps
-	$(SWIFT) build --product connectivity-indicator
+	$(SWIFT) build --product connectivity-indicator $(SWIFTFLAGS)
 	./scripts/demo-netns.sh .build/debug/connectivity-indicator
 
 clean:
@@ -38,9 +40,12 @@ $(FUZZ_BIN): Fuzz/netlink/main.swift Sources/ReconcileSystemd/Netlink/NetlinkPar
 	@mkdir -p .build
 	swiftc -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -swift-version 6 -o $@ $^
 
+# Quiet on success (one summary line); on failure the whole libFuzzer log.
 fuzz-replay: $(FUZZ_BIN)
 	@mkdir -p .build/fuzz-corpus
-	$(FUZZ_BIN) -seed=1 -runs=200000 -max_len=4096 .build/fuzz-corpus Fuzz/netlink/corpus
+	@if $(FUZZ_BIN) -seed=1 -runs=200000 -max_len=4096 .build/fuzz-corpus Fuzz/netlink/corpus >.build/fuzz-replay.log 2>&1; then \
+		echo "fuzz-replay: corpus replayed, $$(grep -o 'Done [0-9]* runs in [0-9]* second(s)' .build/fuzz-replay.log | tail -1 | cut -c6-), $$(grep -o 'corp: [0-9]*' .build/fuzz-replay.log | tail -1 | cut -c7-) inputs, no crash"; \
+	else cat .build/fuzz-replay.log; echo "fuzz-replay: FAILED (log in .build/fuzz-replay.log)"; exit 1; fi
 
 fuzz: $(FUZZ_BIN)
 	@mkdir -p .build/fuzz-corpus
