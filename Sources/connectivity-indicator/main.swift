@@ -136,7 +136,11 @@ do {
     let daemon = try Daemon(program, options: daemonOptions) { command, daemon in
         switch command {
         case .readConfig(let path):
-            try? daemon.runtime.send(.configRead(path: path, contents: readFile(path)))
+            do {
+                try daemon.runtime.send(.configRead(path: path, contents: readFile(path)))
+            } catch {
+                daemon.logger.warning("config \(path) read but not delivered: \(error)")
+            }
         case .log(let text):
             daemon.logger.notice(text)
         case .exit(let code):
