@@ -2,7 +2,7 @@
 SWIFT ?= swift
 SWIFTFLAGS ?= -Xswiftc -warnings-as-errors
 
-.PHONY: deps build test demo demo-netns bench clean fuzz fuzz-replay
+.PHONY: deps build test demo demo-netns bench clean fuzz fuzz-replay docs
 
 deps:
 	@./scripts/ensure-deps.sh
@@ -50,6 +50,11 @@ fuzz-replay: $(FUZZ_BIN)
 fuzz: $(FUZZ_BIN)
 	@mkdir -p .build/fuzz-corpus
 	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=4096 .build/fuzz-corpus Fuzz/netlink/corpus
+
+# The API reference (DocC) of Reconcile, ReconcileTesting and
+# ReconcileSystemd as a static site in .build/docs/site.
+docs: deps
+	SWIFT=$(SWIFT) ./scripts/docs.sh
 
 # Builds reconcile-bench (release) and runs the full table; see
 # Docs/Performance.md. `.build/release/reconcile-bench --quick` is a short run.

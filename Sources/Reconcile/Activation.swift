@@ -10,7 +10,9 @@ public struct Activation: Hashable, Comparable, Sendable, CustomStringConvertibl
     /// An activation with `generation`. Runtimes stamp these; tests may build them.
     public init(generation: UInt64) { self.generation = generation }
 
+    /// Whether `a` was started before `b`.
     public static func < (a: Activation, b: Activation) -> Bool { a.generation < b.generation }
+    /// `#` and the generation (`#12`), as plans and logs show it.
     public var description: String { "#\(generation)" }
 }
 
@@ -34,6 +36,8 @@ public struct Phase: Hashable, Comparable, Sendable, CustomStringConvertible {
     /// Whether `token` was issued in this phase.
     public func isCurrent(_ token: Phase) -> Bool { token == self }
 
+    /// Whether `a` is an earlier phase than `b`.
     public static func < (a: Phase, b: Phase) -> Bool { a.value < b.value }
+    /// `phase` and the number (`phase 3`).
     public var description: String { "phase \(value)" }
 }

@@ -13,6 +13,7 @@ public enum Diagnostic: Equatable, CustomStringConvertible {
     /// An event whose type is not the source's `Event` type; dropped.
     case eventTypeMismatch(SubscriptionID, String)
 
+    /// One sentence for a log line.
     public var description: String {
         switch self {
         case .duplicateIdentity(let id): "duplicate subscription \(id): the first one wins"
@@ -43,6 +44,7 @@ public struct RuntimeStats: Equatable, Sendable {
     /// Events a driver emitted for a stopped activation, or of the wrong type (dropped).
     public var droppedEvents = 0
 
+    /// All counters at zero.
     public init() {}
 }
 
@@ -53,6 +55,7 @@ public enum RuntimeError: Error, Equatable, CustomStringConvertible {
     /// The cross-thread inbox holds `capacity` items already.
     case inboxFull(capacity: Int)
 
+    /// One sentence for a log line.
     public var description: String {
         switch self {
         case .shutDown: "the runtime has shut down; the message was not accepted"

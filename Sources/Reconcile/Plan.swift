@@ -24,6 +24,7 @@ public struct Plan: Equatable, CustomStringConvertible {
             }
         }
 
+        /// `start timer:t: every 5s`, `retune …: a -> b`, `stop …`: the form tests compare and logs show.
         public var description: String {
             switch self {
             case .start(let id, let c): "start \(id): \(c.base)"
@@ -41,6 +42,7 @@ public struct Plan: Equatable, CustomStringConvertible {
     /// Identities given more than once in the desired set; the first won.
     public var duplicates: [SubscriptionID] = []
 
+    /// A plan with `steps`, `kept` kept subscriptions and `duplicates` (tests build expected plans this way).
     public init(steps: [Step] = [], kept: Int = 0, duplicates: [SubscriptionID] = []) {
         self.steps = steps
         self.kept = kept
@@ -50,6 +52,7 @@ public struct Plan: Equatable, CustomStringConvertible {
     /// True when the reconcile asked the driver for nothing.
     public var isEmpty: Bool { steps.isEmpty }
 
+    /// The steps, the kept count and the duplicates, one per line.
     public var description: String {
         var lines = steps.map(\.description)
         lines.append("keep \(kept)")

@@ -38,15 +38,20 @@ public protocol Program {
 }
 
 extension Program {
+    /// No subscriptions (the default).
     public func subscriptions(_ model: Model) -> Subscriptions<Message> { .none }
+    /// No status line (the default).
     public func status(_ model: Model) -> String? { nil }
+    /// Always `false` for a model that is not `Equatable`: every batch is reconciled.
     public func isUnchanged(_ old: Model, _ new: Model) -> Bool { false }
 }
 
 extension Program where View == Void {
+    /// No view (the default when `View` is `Void`).
     public func view(_ model: Model) {}
 }
 
 extension Program where Model: Equatable {
+    /// `old == new`: an unchanged `Equatable` model skips the reconcile.
     public func isUnchanged(_ old: Model, _ new: Model) -> Bool { old == new }
 }

@@ -59,6 +59,8 @@ public final class Runtime<P: Program>: DriverHost {
 
     /// A runtime for `program` on `driver`.
     /// - Parameters:
+    ///   - program: the program to run.
+    ///   - driver: the driver that runs its sources (and whose loop runs it).
     ///   - inboxCapacity: how many cross-thread messages may wait at once.
     ///   - perform: the host's command interpreter; it may `send` outcomes.
     public init(

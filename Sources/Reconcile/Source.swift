@@ -22,6 +22,7 @@ public protocol Source {
 }
 
 extension Source {
+    /// `false`: by default every configuration change restarts the source.
     public static func canRetune(from old: Configuration, to new: Configuration) -> Bool { false }
 }
 
@@ -37,8 +38,11 @@ public struct SourceKind: Hashable, Sendable, CustomStringConvertible {
         self.type = ObjectIdentifier(source)
     }
 
+    /// Whether `a` and `b` are the same source type.
     public static func == (a: SourceKind, b: SourceKind) -> Bool { a.type == b.type }
+    /// Hashes the source type.
     public func hash(into hasher: inout Hasher) { hasher.combine(type) }
+    /// The kind's name.
     public var description: String { name }
 }
 
@@ -66,11 +70,14 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
         cachedHash = h.finalize()
     }
 
+    /// Whether `a` and `b` have the same kind and equal keys.
     public static func == (a: SubscriptionID, b: SubscriptionID) -> Bool {
         a.cachedHash == b.cachedHash && a.kind == b.kind && (a.keyBox === b.keyBox || a.keyBox.isEqual(b.keyBox))
     }
+    /// Hashes kind and key (computed once, at creation).
     public func hash(into hasher: inout Hasher) { hasher.combine(cachedHash) }
 
+    /// `kind:key` (`timer:autosave`).
     public var description: String { "\(kind.name):\(key)" }
 }
 
@@ -107,6 +114,7 @@ public struct SourceFailure: Error, Hashable, Sendable, CustomStringConvertible 
         self.reason = reason
     }
 
+    /// `operation: reason (errno N)`.
     public var description: String {
         if let code { return "\(operation): \(reason) (errno \(code))" }
         return "\(operation): \(reason)"

@@ -102,14 +102,24 @@ public struct Subscriptions<Message> {
 /// arrays, `if`/`else`, optionals and `for` loops.
 @resultBuilder
 public enum SubscriptionsBuilder<Message> {
+    /// One subscription.
     public static func buildExpression(_ s: Subscription<Message>) -> [Subscription<Message>] { [s] }
+    /// An optional subscription (nothing when nil).
     public static func buildExpression(_ s: Subscription<Message>?) -> [Subscription<Message>] { s.map { [$0] } ?? [] }
+    /// A nested set, in order.
     public static func buildExpression(_ s: Subscriptions<Message>) -> [Subscription<Message>] { s.items }
+    /// An array of subscriptions, in order.
     public static func buildExpression(_ s: [Subscription<Message>]) -> [Subscription<Message>] { s }
+    /// The statements' subscriptions, in order.
     public static func buildBlock(_ parts: [Subscription<Message>]...) -> [Subscription<Message>] { parts.flatMap { $0 } }
+    /// An `if` without `else`.
     public static func buildOptional(_ part: [Subscription<Message>]?) -> [Subscription<Message>] { part ?? [] }
+    /// The first branch of an `if`/`else` or `switch`.
     public static func buildEither(first: [Subscription<Message>]) -> [Subscription<Message>] { first }
+    /// The second branch of an `if`/`else` or `switch`.
     public static func buildEither(second: [Subscription<Message>]) -> [Subscription<Message>] { second }
+    /// A `for` loop's subscriptions, in order.
     public static func buildArray(_ parts: [[Subscription<Message>]]) -> [Subscription<Message>] { parts.flatMap { $0 } }
+    /// An `if #available` branch.
     public static func buildLimitedAvailability(_ part: [Subscription<Message>]) -> [Subscription<Message>] { part }
 }

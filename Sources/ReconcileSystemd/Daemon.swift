@@ -27,6 +27,7 @@ public final class Daemon<P: Program> {
         /// How many cross-thread messages may wait.
         public var inboxCapacity = 4096
 
+        /// The defaults: SIGTERM and SIGINT shut down, notify and watchdog on, info logging.
         public init() {}
     }
 
@@ -177,6 +178,7 @@ public enum DaemonError: Error, CustomStringConvertible {
     /// blocking them now would not cover those threads.
     case signalsNotBlocked([SignalSource.Signal], threads: Int)
 
+    /// One sentence saying what to do.
     public var description: String {
         switch self {
         case .signalsNotBlocked(let s, let n):

@@ -116,6 +116,7 @@ public enum LoopError: Error, Equatable, CustomStringConvertible {
     /// `run()` was called after the runtime shut down.
     case shutDown
 
+    /// One sentence for a log line.
     public var description: String {
         switch self {
         case .borrowed: "the loop is borrowed: its owner runs and exits it"

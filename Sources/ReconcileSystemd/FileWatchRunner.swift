@@ -3,6 +3,7 @@ import Glibc
 import Reconcile
 
 extension FileWatchSource: SystemdSource {
+    /// Arms inotify watches for `configuration` on the context's loop.
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
         context.driver.keepInotifyOpen()
         return try FileWatchRunner(ticket: ticket, configuration: configuration, loop: context.loop)

@@ -4,8 +4,24 @@ import Reconcile
 
 /// Syslog priorities, as journald and `<N>` stderr prefixes use them.
 public enum LogLevel: Int32, Comparable, Sendable, CaseIterable {
-    case emergency = 0, alert, critical, error, warning, notice, info, debug
+    /// 0: the system is unusable.
+    case emergency = 0
+    /// 1: act now.
+    case alert
+    /// 2: critical conditions.
+    case critical
+    /// 3: errors (a driver bug, a dropped event).
+    case error
+    /// 4: warnings (source failures, duplicates).
+    case warning
+    /// 5: normal but significant (shutdown, config problems).
+    case notice
+    /// 6: informational (one line per reconcile that changed something).
+    case info
+    /// 7: debug (each plan step, late deliveries).
+    case debug
 
+    /// Whether `a` is more severe than `b` (a lower priority number).
     public static func < (a: LogLevel, b: LogLevel) -> Bool { a.rawValue < b.rawValue }
 }
 

@@ -285,6 +285,7 @@ private func readStringProperties(_ m: OpaquePointer?) -> [String: String]? {
 }
 
 extension ConnectivitySource: SystemdSource {
+    /// Starts the configured backend (rtnetlink or networkd over D-Bus) on the context's loop.
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
         switch configuration.backend {
         case .kernel:

@@ -52,6 +52,7 @@ public enum Signals {
 }
 
 extension SignalSource: SystemdSource {
+    /// Adds a signalfd-backed sd-event signal source (the signal must be blocked in every thread).
     public static func start(_ ticket: SourceTicket, _ configuration: Signal, context: SourceContext) throws -> any RunningSource {
         try SignalRunner(ticket: ticket, signal: configuration, loop: context.loop)
     }

@@ -30,6 +30,7 @@ public final class SystemdDriver: Driver {
     /// How many sources are running now.
     public var runningCount: Int { running.count }
 
+    /// Connects the runtime: an eventfd on the loop pumps its inbox when woken.
     public func attach(_ host: any DriverHost) throws -> Waker {
         self.host = host
         let efd = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
@@ -51,6 +52,7 @@ public final class SystemdDriver: Driver {
         return Waker { channel.wake() }
     }
 
+    /// Starts the ticket's source on the loop; a kind that is not a `SystemdSource`, or a start that throws, becomes a failure event.
     public func start(_ ticket: SourceTicket) {
         guard let kind = ticket.source as? any SystemdSource.Type else {
             ticket.fail(SourceFailure(operation: "start \(ticket.id)",
@@ -64,15 +66,18 @@ public final class SystemdDriver: Driver {
         }
     }
 
+    /// Applies the ticket's new configuration in place; an error becomes a failure event.
     public func retune(_ ticket: SourceTicket, from old: AnyHashable) {
         guard let source = running[ObjectIdentifier(ticket)] else { return }
         do { try source.retune(to: ticket.configuration) } catch { ticket.fail(Self.failure(error, ticket)) }
     }
 
+    /// Stops the source; it emits nothing afterwards.
     public func stop(_ ticket: SourceTicket) {
         running.removeValue(forKey: ObjectIdentifier(ticket))?.stop()
     }
 
+    /// Stops whatever still runs and closes the wake-up eventfd.
     public func detach() {
         for (_, s) in running { s.stop() }
         running = [:]

@@ -9,6 +9,7 @@ public struct SystemdError: Error, Hashable, Sendable, CustomStringConvertible {
     /// The positive errno value.
     public let errno: Int32
 
+    /// The failure of C function `function` with `errno`.
     public init(_ function: String, errno: Int32) {
         self.function = function
         self.errno = errno
@@ -17,6 +18,7 @@ public struct SystemdError: Error, Hashable, Sendable, CustomStringConvertible {
     /// The system's sentence for the errno (`No such file or directory`).
     public var reason: String { String(cString: strerror(errno)) }
 
+    /// `function: reason (errno N)`.
     public var description: String { "\(function): \(reason) (errno \(errno))" }
 
     /// The error as a source failure event.

@@ -14,6 +14,7 @@ extension TimerSource.Clock {
 }
 
 extension TimerSource: SystemdSource {
+    /// Adds an sd-event timer on the configured clock.
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
         try TimerRunner(ticket: ticket, configuration: configuration, loop: context.loop)
     }

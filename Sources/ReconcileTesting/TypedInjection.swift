@@ -25,6 +25,7 @@ public struct TypedSubscriptionID<S: Source>: Hashable, Sendable, CustomStringCo
     /// The key within the kind.
     public var key: AnyHashable { id.key }
 
+    /// The untyped identity's description (`timer:t`).
     public var description: String { id.description }
 }
 

@@ -10,8 +10,11 @@ import Synchronization
 public final class VirtualDriver: Driver {
     /// One driver call the runtime made.
     public enum Call: Equatable, CustomStringConvertible {
+        /// The runtime started this identity's activation.
         case start(SubscriptionID, Activation)
+        /// The runtime retuned this activation in place.
         case retune(SubscriptionID, Activation)
+        /// The runtime stopped this activation.
         case stop(SubscriptionID, Activation)
 
         /// The identity the call was about.
@@ -19,6 +22,7 @@ public final class VirtualDriver: Driver {
             switch self { case .start(let i, _), .retune(let i, _), .stop(let i, _): i }
         }
 
+        /// `start timer:t #1`, as tests compare it.
         public var description: String {
             switch self {
             case .start(let i, let a): "start \(i) \(a)"
@@ -54,6 +58,7 @@ public final class VirtualDriver: Driver {
     /// (stop of an unknown or already stopped activation, retune after stop).
     public private(set) var contractViolations: [String] = []
 
+    /// A driver at virtual time zero with nothing running.
     public init() {}
 
     /// The virtual time since the driver was created.
@@ -64,16 +69,19 @@ public final class VirtualDriver: Driver {
 
     /// How many times a source with `id` was started / stopped.
     public func starts(of id: SubscriptionID) -> Int { startCounts[id, default: 0] }
+    /// How many times a source with `id` was stopped.
     public func stops(of id: SubscriptionID) -> Int { stopCounts[id, default: 0] }
 
     // MARK: Driver
 
+    /// Connects the runtime; the returned waker marks the inbox for the next `runUntilIdle`.
     public func attach(_ host: any DriverHost) throws -> Waker {
         self.host = host
         let flag = wakePending
         return Waker { flag.set() }
     }
 
+    /// Logs the start, fails it when `failOnStart` says so, and arms timers on the virtual clock.
     public func start(_ ticket: SourceTicket) {
         log.append(.start(ticket.id, ticket.activation))
         if running[ticket.id] != nil { contractViolations.append("start of running \(ticket.id)") }
@@ -90,6 +98,7 @@ public final class VirtualDriver: Driver {
         }
     }
 
+    /// Logs the retune; a timer's next tick comes one new interval after its last due time.
     public func retune(_ ticket: SourceTicket, from old: AnyHashable) {
         log.append(.retune(ticket.id, ticket.activation))
         guard running[ticket.id] === ticket else {
@@ -105,6 +114,7 @@ public final class VirtualDriver: Driver {
         }
     }
 
+    /// Logs the stop; the source emits nothing afterwards.
     public func stop(_ ticket: SourceTicket) {
         log.append(.stop(ticket.id, ticket.activation))
         guard running[ticket.id] === ticket else {
@@ -116,6 +126,7 @@ public final class VirtualDriver: Driver {
         timers[ticket.activation] = nil
     }
 
+    /// Disconnects the runtime.
     public func detach() { host = nil }
 
     // MARK: Time

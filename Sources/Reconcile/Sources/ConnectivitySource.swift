@@ -1,6 +1,7 @@
 /// The machine's connectivity: one event per change of what the subscriber
 /// sees, from the kernel (rtnetlink) or from systemd-networkd (D-Bus).
 public enum ConnectivitySource: Source {
+    /// `connectivity`.
     public static let name = "connectivity"
 
     /// Where the state comes from.
@@ -28,6 +29,7 @@ public enum ConnectivitySource: Source {
         /// kernel default). Small values make overruns (and resyncs) likely.
         public var receiveBuffer: Int?
 
+        /// A watch on `backend` over the interfaces `include`/`exclude` admit, reporting after `settle`.
         public init(backend: Backend = .auto, include: [String] = [], exclude: [String] = [],
                     settle: Duration? = nil, receiveBuffer: Int? = nil) {
             self.backend = backend
@@ -43,6 +45,7 @@ public enum ConnectivitySource: Source {
             return !exclude.contains { glob($0, matches: name) }
         }
 
+        /// `backend auto include eth* settle 2s`, as plans show it.
         public var description: String {
             var parts = ["backend \(backend.rawValue)"]
             if !include.isEmpty { parts.append("include \(include.joined(separator: ","))") }
@@ -55,9 +58,24 @@ public enum ConnectivitySource: Source {
 
     /// networkd's operational states, in order.
     public enum OperationalState: String, Hashable, Sendable, Comparable, CaseIterable {
-        case off, noCarrier = "no-carrier", dormant, degradedCarrier = "degraded-carrier", carrier,
-             degraded, enslaved, routable
+        /// The link is down (administratively or missing).
+        case off
+        /// Up, but no carrier (no cable, not associated).
+        case noCarrier = "no-carrier"
+        /// Carrier, but waiting for something (802.1X, a dormant device).
+        case dormant
+        /// A bond or bridge whose ports have carrier, but not the master itself.
+        case degradedCarrier = "degraded-carrier"
+        /// Carrier, no address beyond link-local.
+        case carrier
+        /// Has an address, but no route off the link.
+        case degraded
+        /// Part of a bond or bridge.
+        case enslaved
+        /// Has an address and a route off the link.
+        case routable
 
+        /// Whether `a` comes before `b` in networkd's order (`off` < … < `routable`).
         public static func < (a: Self, b: Self) -> Bool {
             allCases.firstIndex(of: a)! < allCases.firstIndex(of: b)!
         }
@@ -65,12 +83,16 @@ public enum ConnectivitySource: Source {
 
     /// One interface as the subscriber sees it.
     public struct Interface: Hashable, Sendable {
+        /// The interface name (`eth0`).
         public var name: String
+        /// The kernel's interface index.
         public var index: Int32
+        /// The link's operational state.
         public var state: OperationalState
         /// Addresses with prefix length (`192.168.1.2/24`, `fe80::1/64`).
         public var addresses: [String]
 
+        /// An interface as reported.
         public init(name: String, index: Int32, state: OperationalState, addresses: [String]) {
             self.name = name
             self.index = index
@@ -95,6 +117,7 @@ public enum ConnectivitySource: Source {
         /// The backend that answered (`kernel` or `networkd`).
         public var backend: Backend
 
+        /// A state as reported (tests: see `ReconcileTesting`'s `.online(via:)` builders).
         public init(state: OperationalState, online: Bool, defaultRoute: Bool?, interfaces: [Interface], backend: Backend) {
             self.state = state
             self.online = online
@@ -117,6 +140,7 @@ public enum ConnectivitySource: Source {
         /// microseconds since the Unix epoch.
         public var changedAt: Int64
 
+        /// A change to `state` at `changedAt` (µs since the epoch).
         public init(state: State, changedAt: Int64) {
             self.state = state
             self.changedAt = changedAt
@@ -132,6 +156,7 @@ public enum ConnectivitySource: Source {
         case failed(SourceFailure)
     }
 
+    /// `.failed(failure)`.
     public static func failed(_ failure: SourceFailure) -> Event { .failed(failure) }
 
     /// Filters and settle change in place; a backend change restarts.

@@ -17,6 +17,7 @@ public struct DebounceKey: Hashable, Sendable, CustomStringConvertible {
         self.phase = phase
     }
 
+    /// `name phase N`, as plans show it.
     public var description: String { "\(name) \(phase)" }
 }
 

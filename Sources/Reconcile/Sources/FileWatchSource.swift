@@ -4,6 +4,7 @@
 /// systemd path units do. Atomic replace by `rename` is seen. Deletion and
 /// re-creation are events; the watch re-arms when the path returns.
 public enum FileWatchSource: Source {
+    /// `file`.
     public static let name = "file"
 
     /// What to do when the path is a symbolic link.
@@ -22,11 +23,13 @@ public enum FileWatchSource: Source {
         /// The symlink policy.
         public var symlinks: Symlinks
 
+        /// A watch on the absolute `path`, following symlinks unless told otherwise.
         public init(path: String, symlinks: Symlinks = .follow) {
             self.path = path
             self.symlinks = symlinks
         }
 
+        /// The path, with `(no-follow)` when symlinks are not followed.
         public var description: String { symlinks == .follow ? path : "\(path) (no-follow)" }
     }
 
@@ -47,6 +50,7 @@ public enum FileWatchSource: Source {
         case failed(SourceFailure)
     }
 
+    /// `.failed(failure)`.
     public static func failed(_ failure: SourceFailure) -> Event { .failed(failure) }
 }
 

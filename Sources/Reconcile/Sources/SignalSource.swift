@@ -1,12 +1,23 @@
 /// Unix signals as subscriptions (the driver blocks them and reads them
 /// through the loop, never in an asynchronous handler).
 public enum SignalSource: Source {
+    /// `signal`.
     public static let name = "signal"
 
     /// The signals a daemon subscribes to. Raw values are Linux's numbers.
     public enum Signal: Int32, Hashable, Sendable, CaseIterable, CustomStringConvertible {
-        case hangup = 1, interrupt = 2, user1 = 10, user2 = 12, terminate = 15
+        /// SIGHUP (1): by convention, reload the configuration.
+        case hangup = 1
+        /// SIGINT (2): Ctrl-C.
+        case interrupt = 2
+        /// SIGUSR1 (10).
+        case user1 = 10
+        /// SIGUSR2 (12).
+        case user2 = 12
+        /// SIGTERM (15): the service manager's stop.
+        case terminate = 15
 
+        /// The signal's name (`SIGHUP`).
         public var description: String {
             switch self {
             case .hangup: "SIGHUP"
@@ -18,6 +29,7 @@ public enum SignalSource: Source {
         }
     }
 
+    /// A signal source is configured by its signal.
     public typealias Configuration = Signal
 
     /// What a signal subscription reports.
@@ -28,6 +40,7 @@ public enum SignalSource: Source {
         case failed(SourceFailure)
     }
 
+    /// `.failed(failure)`.
     public static func failed(_ failure: SourceFailure) -> Event { .failed(failure) }
 }
 

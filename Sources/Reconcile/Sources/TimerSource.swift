@@ -5,6 +5,7 @@
 /// missed instead of a burst. Changing the interval or leeway is a retune in
 /// place; changing the clock or between repeating and one-shot is a restart.
 public enum TimerSource: Source {
+    /// `timer`.
     public static let name = "timer"
 
     /// Which clock the timer runs on.
@@ -32,6 +33,7 @@ public enum TimerSource: Source {
         /// How late the loop may fire the timer to coalesce wake-ups.
         public var leeway: Duration
 
+        /// A timer every (or once after) `interval` on `clock`, with `leeway`.
         public init(interval: Duration, repeats: Bool = true, clock: Clock = .monotonic, leeway: Duration = TimerSource.defaultLeeway) {
             self.interval = interval
             self.repeats = repeats
@@ -39,6 +41,7 @@ public enum TimerSource: Source {
             self.leeway = leeway
         }
 
+        /// `every 5s`, `after 300ms boottime leeway 1s`, as plans show it.
         public var description: String {
             var s = repeats ? "every \(interval.short)" : "after \(interval.short)"
             if clock != .monotonic { s += " \(clock.rawValue)" }
@@ -56,6 +59,7 @@ public enum TimerSource: Source {
         /// late (0 when on time).
         public var missed: UInt64
 
+        /// The tick ending interval `sequence`, after `missed` missed due times.
         public init(sequence: UInt64, missed: UInt64) {
             self.sequence = sequence
             self.missed = missed
@@ -70,8 +74,10 @@ public enum TimerSource: Source {
         case failed(SourceFailure)
     }
 
+    /// `.failed(failure)`.
     public static func failed(_ failure: SourceFailure) -> Event { .failed(failure) }
 
+    /// Interval and leeway retune in place; a clock or repeat change restarts.
     public static func canRetune(from old: Configuration, to new: Configuration) -> Bool {
         old.clock == new.clock && old.repeats == new.repeats
     }
