@@ -60,4 +60,4 @@ docs: deps
 # Docs/Performance.md. `.build/release/reconcile-bench --quick` is a short run.
 bench: deps
 	$(SWIFT) build -c release --product reconcile-bench $(SWIFTFLAGS)
-	.build/release/reconcile-bench
+	.build/release/reconcile-bench --svg .build/reconcile-bench.svg

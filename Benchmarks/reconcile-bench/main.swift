@@ -22,6 +22,8 @@ let usage = """
     options:
       --quick               a run under a minute (fewer sizes and runs)
       --json FILE           also write the results as JSON
+      --svg FILE            also write a plot of `reconcile` (cost per reconcile vs
+                            size, log-log, one line per implementation, churn 0 and 10%)
       --sizes 100,1000      desired-set sizes (default 100,1000,10000,100000)
       --churn 0,10          churn levels in percent (default 0,1,10,100; retune 1,10,100)
       --impl ours,iced      implementations: \(Implementation.allCases.map(\.rawValue).joined(separator: ","))
@@ -54,6 +56,7 @@ func fail(_ text: String) -> Never {
 struct Options {
     var quick = false
     var json: String?
+    var svg: String?
     var sizes: [Int]?
     var churns: [Int]?
     var implementations = Implementation.allCases
@@ -78,6 +81,7 @@ func parse(_ arguments: [String]) -> Options {
         switch a {
         case "--quick": o.quick = true
         case "--json": o.json = value(a)
+        case "--svg": o.svg = value(a)
         case "--sizes": o.sizes = integers(a)
         case "--churn":
             o.churns = integers(a)
@@ -277,4 +281,14 @@ if let path = options.json {
     ])
     if !writeFile(path, text) { fail("cannot write \(path)") }
     progress("wrote \(path)")
+}
+
+if let path = options.svg {
+    let title = "Cost per reconcile vs desired-set size (\(quick ? "quick" : "full") run, median)"
+    if let text = reconcilePlot(records, title: title) {
+        if !writeFile(path, text) { fail("cannot write \(path)") }
+        progress("wrote \(path)")
+    } else {
+        warn("--svg: no reconcile records at churn 0 or 10%; nothing plotted")
+    }
 }
