@@ -14,7 +14,7 @@ build: deps
 test: deps
 	$(SWIFT) build --build-tests $(SWIFTFLAGS)
 	timeout 1500 $(SWIFT) test --skip-build --disable-xctest
-	$(MAKE) --no-print-directory fuzz-replay
+	@$(MAKE) --no-print-directory fuzz-replay
 
 # Builds and runs the connectivity indicator on this machine (Ctrl-C stops it).
 # Same flags as `make test`, so switching between the two rebuilds nothing.
