@@ -34,22 +34,6 @@ final class SystemBus {
         sd_bus_detach_event(handle)
         sd_bus_close_unref(handle)
     }
-
-    /// Whether `name` has an owner, asked synchronously (never activates it).
-    func nameHasOwner(_ name: String) throws(SystemdError) -> Bool {
-        var m: OpaquePointer?
-        try check("sd_bus_message_new_method_call", sd_bus_message_new_method_call(
-            handle, &m, "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "NameHasOwner"))
-        defer { sd_bus_message_unref(m) }
-        try check("sd_bus_message_append", CSystemd_bus_message_append_string(m, name))
-        var error = sd_bus_error()
-        var reply: OpaquePointer?
-        defer { sd_bus_error_free(&error); sd_bus_message_unref(reply) }
-        try check("sd_bus_call NameHasOwner", sd_bus_call(handle, m, 2_000_000, &error, &reply))
-        var owned: Int32 = 0
-        try check("sd_bus_message_read", CSystemd_bus_message_read_bool(reply, &owned))
-        return owned != 0
-    }
 }
 
 /// Reconnect delays in microseconds: doubling from `initial`, never above
@@ -76,8 +60,7 @@ struct Backoff {
     mutating func reset() { next = initial }
 }
 
-/// A retired connection and its slots, released from a deferred loop event
-/// (never inside one of the bus's own callbacks, which sd-bus is still running).
+/// A retired connection and its slots (the slots go first).
 private final class RetiredBus {
     let bus: SystemBus
     let slots: [OpaquePointer]
@@ -86,6 +69,28 @@ private final class RetiredBus {
         self.slots = slots
     }
     deinit { for s in slots { sd_bus_slot_unref(s) } }
+}
+
+/// Releases `bus` and our `slots` on it: at once, or, when called from inside
+/// one of that connection's own callbacks (sd-bus is still dispatching on it
+/// and would touch freed memory), on the next loop iteration.
+private func retire(_ bus: SystemBus, slots: [OpaquePointer], inItsCallback: Bool, loop: EventLoop, logger: Logger) {
+    // No callback of ours may run on it any more (the source may be gone by then).
+    for s in slots { sd_bus_slot_set_userdata(s, nil) }
+    let retired = RetiredBus(bus, slots)
+    guard inItsCallback else { return }   // released here, when `retired` goes
+    let box = Unmanaged.passRetained(retired).toOpaque()
+    var s: OpaquePointer?
+    let r = sd_event_add_defer(loop.handle, &s, { s, _ in
+        sd_event_source_disable_unref(s)   // its destroy callback releases the box
+        return 0
+    }, box)
+    if r >= 0 {
+        sd_event_source_set_destroy_callback(s) { ud in Unmanaged<RetiredBus>.fromOpaque(ud!).release() }
+    } else {
+        // The loop is finishing: keep the connection rather than free it under sd-bus.
+        logger.warning("connectivity: cannot defer closing a bus connection (errno \(-r)); it stays open")
+    }
 }
 
 /// The networkd backend: `org.freedesktop.network1.Manager` properties over
@@ -124,7 +129,10 @@ final class NetworkdConnectivity: RunningSource {
     /// The kernel's per-interface detail and default route, beside networkd's verdict.
     private var kernel: NetlinkWatcher?
 
-    init(ticket: SourceTicket, configuration: ConnectivitySource.Configuration, context: SourceContext, bus: SystemBus? = nil) {
+    /// With `bus`, that connection is used first (`insideItsCallback`: we are
+    /// in one of its callbacks, so it must not be freed right away).
+    init(ticket: SourceTicket, configuration: ConnectivitySource.Configuration, context: SourceContext,
+         bus: SystemBus? = nil, insideItsCallback: Bool = false) {
         reporter = ConnectivityReporter(ticket: ticket, configuration: configuration, loop: context.loop)
         loop = context.loop
         logger = context.logger
@@ -136,7 +144,11 @@ final class NetworkdConnectivity: RunningSource {
         } catch {
             logger.warning("connectivity: kernel detail unavailable: \(error)")
         }
-        if let bus { attach(bus) } else { connect() }
+        if let bus {
+            if insideItsCallback { inBusCallback { attach(bus) } } else { attach(bus) }
+        } else {
+            connect()
+        }
     }
 
     private var userdata: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }
@@ -218,23 +230,9 @@ final class NetworkdConnectivity: RunningSource {
     private func retireBus() {
         answerTimer?.close(); answerTimer = nil
         guard let bus else { return }
-        let retired = RetiredBus(bus, slots)
         self.bus = nil
+        retire(bus, slots: slots, inItsCallback: callbackDepth > 0, loop: loop, logger: logger)
         slots = []
-        guard callbackDepth > 0 else { return }   // released here, outside sd-bus
-        // Inside a callback of this very connection: release it on the next loop iteration.
-        let box = Unmanaged.passRetained(retired).toOpaque()
-        var s: OpaquePointer?
-        let r = sd_event_add_defer(loop.handle, &s, { s, _ in
-            sd_event_source_disable_unref(s)   // its destroy callback releases the box
-            return 0
-        }, box)
-        if r >= 0 {
-            sd_event_source_set_destroy_callback(s) { ud in Unmanaged<RetiredBus>.fromOpaque(ud!).release() }
-        } else {
-            // The loop is finishing: keep the connection rather than free it under sd-bus.
-            logger.warning("connectivity: cannot defer closing the old bus connection (errno \(-r)); it stays open")
-        }
     }
 
     private func scheduleReconnect() {
@@ -263,7 +261,8 @@ final class NetworkdConnectivity: RunningSource {
     /// send on that interface.
     private static let localSignal: sd_bus_message_handler_t = { m, ud, _ in
         guard sd_bus_message_is_signal(m, "org.freedesktop.DBus.Local", "Disconnected") > 0 else { return 0 }
-        let me = Unmanaged<NetworkdConnectivity>.fromOpaque(ud!).takeUnretainedValue()
+        guard let ud else { return 0 }   // a retired slot
+        let me = Unmanaged<NetworkdConnectivity>.fromOpaque(ud).takeUnretainedValue()
         me.inBusCallback {
             guard me.isCurrent(m) else { return }
             me.logger.warning("connectivity: lost the system bus connection")
@@ -274,7 +273,8 @@ final class NetworkdConnectivity: RunningSource {
     }
 
     private static let ownerChanged: sd_bus_message_handler_t = { m, ud, _ in
-        let me = Unmanaged<NetworkdConnectivity>.fromOpaque(ud!).takeUnretainedValue()
+        guard let ud else { return 0 }   // a retired slot
+        let me = Unmanaged<NetworkdConnectivity>.fromOpaque(ud).takeUnretainedValue()
         me.inBusCallback {
             guard me.isCurrent(m) else { return }
             var name: UnsafePointer<CChar>?, old: UnsafePointer<CChar>?, new: UnsafePointer<CChar>?
@@ -285,7 +285,8 @@ final class NetworkdConnectivity: RunningSource {
     }
 
     private static let propertiesChanged: sd_bus_message_handler_t = { m, ud, _ in
-        let me = Unmanaged<NetworkdConnectivity>.fromOpaque(ud!).takeUnretainedValue()
+        guard let ud else { return 0 }   // a retired slot
+        let me = Unmanaged<NetworkdConnectivity>.fromOpaque(ud).takeUnretainedValue()
         me.inBusCallback {
             guard me.isCurrent(m) else { return }
             let sender = sd_bus_message_get_sender(m).map { String(cString: $0) }
@@ -457,6 +458,105 @@ private func readStringProperties(_ m: OpaquePointer?) -> [String: String]? {
     return out
 }
 
+/// `.auto`: networkd if it owns its name on the system bus, else the kernel.
+/// NameHasOwner is asked asynchronously (never activating networkd) and given
+/// at most 2 s, so a bus that accepts but never answers cannot block the loop.
+/// Nothing is reported before the choice; then the chosen backend runs.
+final class AutoConnectivity: RunningSource {
+    static let askTimeout: UInt64 = 2_000_000
+
+    private let ticket: SourceTicket
+    private var configuration: ConnectivitySource.Configuration
+    private let context: SourceContext
+    private var bus: SystemBus?
+    private var deadline: EventSource?
+    private var chosen: (any RunningSource)?
+    private var inBusCallback = false
+    private var stopped = false
+
+    init(ticket: SourceTicket, configuration: ConnectivitySource.Configuration, context: SourceContext, bus: SystemBus) {
+        self.ticket = ticket
+        self.configuration = configuration
+        self.context = context
+        self.bus = bus
+        var m: OpaquePointer?
+        var r = sd_bus_message_new_method_call(bus.handle, &m, "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                                               "org.freedesktop.DBus", "NameHasOwner")
+        defer { sd_bus_message_unref(m) }
+        if r >= 0 { r = CSystemd_bus_message_append_string(m, networkdName) }
+        let box = Unmanaged.passRetained(AskBox(self)).toOpaque()
+        var slot: OpaquePointer?
+        if r >= 0 {
+            r = sd_bus_call_async(bus.handle, &slot, m, { reply, ud, _ in
+                guard let me = Unmanaged<AskBox>.fromOpaque(ud!).takeUnretainedValue().owner else { return 0 }
+                var owned: Int32 = 0
+                let ok = sd_bus_message_is_method_error(reply, nil) == 0 && CSystemd_bus_message_read_bool(reply, &owned) >= 0
+                me.inBusCallback = true
+                defer { me.inBusCallback = false }
+                me.choose(networkd: ok && owned != 0, why: ok ? "networkd is not on the system bus" : "the system bus refused NameHasOwner")
+                return 0
+            }, box, AutoConnectivity.askTimeout)
+        }
+        guard r >= 0 else {
+            Unmanaged<AskBox>.fromOpaque(box).release()
+            choose(networkd: false, why: "cannot ask the system bus (errno \(-r))")
+            return
+        }
+        sd_bus_slot_set_destroy_callback(slot) { ud in Unmanaged<AskBox>.fromOpaque(ud!).release() }
+        sd_bus_slot_set_floating(slot, 1)
+        // sd-bus does not time calls out while it is still authenticating.
+        var s: OpaquePointer?
+        if sd_event_add_time_relative(context.loop.handle, &s, CLOCK_MONOTONIC, AutoConnectivity.askTimeout, 100_000, { _, _, ud in
+            Unmanaged<AutoConnectivity>.fromOpaque(ud!).takeUnretainedValue()
+                .choose(networkd: false, why: "the system bus did not answer within \(AutoConnectivity.askTimeout / 1_000_000) s")
+            return 0
+        }, Unmanaged.passUnretained(self).toOpaque()) >= 0 {
+            deadline = EventSource(s!)
+        }
+    }
+
+    private final class AskBox {
+        weak var owner: AutoConnectivity?
+        init(_ owner: AutoConnectivity) { self.owner = owner }
+    }
+
+    private func choose(networkd: Bool, why: String) {
+        deadline?.close(); deadline = nil
+        guard !stopped, chosen == nil, let bus else { return }
+        self.bus = nil
+        if networkd {
+            context.logger.info("connectivity: auto chose networkd")
+            chosen = NetworkdConnectivity(ticket: ticket, configuration: configuration, context: context, bus: bus,
+                                          insideItsCallback: inBusCallback)
+            return
+        }
+        retire(bus, slots: [], inItsCallback: inBusCallback, loop: context.loop, logger: context.logger)
+        context.logger.info("connectivity: auto chose the kernel (\(why))")
+        do {
+            chosen = try KernelConnectivity(ticket: ticket, configuration: configuration, context: context)
+        } catch let e as SystemdError {
+            ticket.fail(e.failure)
+        } catch {
+            ticket.fail(SourceFailure(operation: "connectivity kernel backend", reason: "\(error)"))
+        }
+    }
+
+    func retune(to configuration: AnyHashable) throws {
+        if let c = configuration.base as? ConnectivitySource.Configuration { self.configuration = c }
+        try chosen?.retune(to: configuration)
+    }
+
+    func stop() {
+        stopped = true
+        deadline?.close(); deadline = nil
+        chosen?.stop()
+        if let bus {
+            self.bus = nil
+            retire(bus, slots: [], inItsCallback: inBusCallback, loop: context.loop, logger: context.logger)
+        }
+    }
+}
+
 extension ConnectivitySource: SystemdSource {
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
         switch configuration.backend {
@@ -465,13 +565,12 @@ extension ConnectivitySource: SystemdSource {
         case .networkd:
             return NetworkdConnectivity(ticket: ticket, configuration: configuration, context: context)
         case .auto:
-            // networkd if it owns its name now; else the kernel.
-            if let bus = try? SystemBus(loop: context.loop), (try? bus.nameHasOwner(networkdName)) == true {
-                context.logger.info("connectivity: auto chose networkd")
-                return NetworkdConnectivity(ticket: ticket, configuration: configuration, context: context, bus: bus)
+            // Without a bus (refused, missing socket: known at once), the kernel.
+            guard let bus = try? SystemBus(loop: context.loop) else {
+                context.logger.info("connectivity: auto chose the kernel (no system bus)")
+                return try KernelConnectivity(ticket: ticket, configuration: configuration, context: context)
             }
-            context.logger.info("connectivity: auto chose the kernel (networkd is not on the system bus)")
-            return try KernelConnectivity(ticket: ticket, configuration: configuration, context: context)
+            return AutoConnectivity(ticket: ticket, configuration: configuration, context: context, bus: bus)
         }
     }
 }

@@ -151,22 +151,9 @@ extension SystemdTests {
         }
 
         @Test func aBusThatNeverAnswersIsAFailureAndDoesNotStallTheLoop() throws {
-            // A socket that accepts connections (the kernel queues them) and
-            // never speaks: connect succeeds, authentication never ends.
-            let dir = try makeTemporaryDirectory()
-            defer { removeTree(dir) }
-            let path = dir + "/mute.sock"
-            let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-            defer { close(fd) }
-            var addr = sockaddr_un()
-            addr.sun_family = sa_family_t(AF_UNIX)
-            withUnsafeMutableBytes(of: &addr.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-            let bound = withUnsafePointer(to: &addr) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-            }
-            try #require(bound == 0 && listen(fd, 64) == 0)
+            let bus = try MuteBus()
             let child = try Child("/usr/bin/unshare", ["-n", builtExecutable("reconcile-probe"), "connectivity", "--backend", "networkd"],
-                                  environment: ["DBUS_SYSTEM_BUS_ADDRESS": "unix:path=\(path)"])
+                                  environment: ["DBUS_SYSTEM_BUS_ADDRESS": bus.address])
             defer { child.signal(SIGTERM); _ = child.wait() }
             #expect(child.line(matching: { $0 == "running" }, timeout: .seconds(10)) != nil)
             // The loop answers while the bus is silent.
@@ -181,6 +168,23 @@ extension SystemdTests {
             #expect(child.line(matching: { $0.contains("reconnecting to the system bus in 100 ms") }, timeout: .seconds(2)) != nil)
         }
 
+        @Test func autoWithABusThatNeverAnswersChoosesTheKernelWithoutBlockingTheLoop() throws {
+            let bus = try MuteBus()
+            let child = try Child("/usr/bin/unshare", ["-n", builtExecutable("reconcile-probe"), "connectivity", "--backend", "auto"],
+                                  environment: ["DBUS_SYSTEM_BUS_ADDRESS": bus.address])
+            defer { child.signal(SIGTERM); _ = child.wait() }
+            #expect(child.line(matching: { $0 == "running" }, timeout: .seconds(10)) != nil)
+            // The signal watches start in the same reconcile, after the
+            // connectivity watch: a blocking start would delay the answer.
+            let asked = ContinuousClock.now
+            child.signal(SIGUSR2)
+            #expect(child.line(matching: { $0.hasPrefix("stats") }, timeout: .seconds(2)) != nil)
+            #expect(ContinuousClock.now - asked < .seconds(1))
+            #expect(child.line(matching: { $0.contains("auto chose") }, timeout: .seconds(5))
+                    == "log: connectivity: auto chose the kernel (the system bus did not answer within 2 s)")
+            #expect(child.line(matching: { $0.hasPrefix("state=") }, timeout: .seconds(5))?.contains("backend=kernel") == true)
+        }
+
         @Test func backoffDoublesUpToItsBoundAndResets() {
             var b = Backoff(initial: NetworkdConnectivity.reconnectInitial, maximum: NetworkdConnectivity.reconnectMaximum)
             let delays = (0..<9).map { _ in b.take() }
@@ -191,5 +195,31 @@ extension SystemdTests {
             var huge = Backoff(initial: UInt64.max / 2 + 1, maximum: UInt64.max)
             #expect([huge.take(), huge.take(), huge.take()] == [UInt64.max / 2 + 1, UInt64.max, UInt64.max])
         }
+    }
+}
+
+/// A unix socket that accepts connections (the kernel queues them) and never
+/// speaks: a client's connect succeeds and its authentication never ends.
+final class MuteBus {
+    let directory: String
+    let fd: Int32
+    var address: String { "unix:path=\(directory)/mute.sock" }
+
+    init() throws {
+        directory = try makeTemporaryDirectory()
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        let path = Array((directory + "/mute.sock").utf8)
+        withUnsafeMutableBytes(of: &addr.sun_path) { $0.copyBytes(from: path.prefix($0.count - 1)) }
+        let bound = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard bound == 0, listen(fd, 64) == 0 else { throw POSIXError(.init(rawValue: errno) ?? .EIO) }
+    }
+
+    deinit {
+        close(fd)
+        removeTree(directory)
     }
 }
