@@ -61,7 +61,9 @@ struct WatchProgram: Program {
 struct ConnectivityProgram: Program {
     let configuration: ConnectivitySource.Configuration
     var granularities: [ConnectivitySource.Granularity] = []
-    struct Model: Equatable { var events = 0; var granularity = 0 }
+    /// Drop the watch on a failure whose reason contains this.
+    var dropOn: String?
+    struct Model: Equatable { var events = 0; var granularity = 0; var dropped = false }
     enum Message { case connectivity(ConnectivitySource.Event), signal(SignalSource.Event) }
     typealias Command = Say
     func start() -> (Model, [Command]) { (Model(), []) }
@@ -76,6 +78,10 @@ struct ConnectivityProgram: Program {
             return [.say("state=\(s.state.rawValue) online=\(s.online) default=\(route) backend=\(s.backend.rawValue) ifaces=\(ifaces) addrs=\(addrs)")]
         case .connectivity(.failed(let f)):
             model.events += 1
+            if let dropOn, f.reason.contains(dropOn) {
+                model.dropped = true
+                return [.say("failed \(f.reason)"), .say("dropped the watch")]
+            }
             return [.say("failed \(f.reason)")]
         case .signal(.received(.user1, _)):
             model.granularity = min(model.granularity + 1, max(0, granularities.count - 1))
@@ -93,7 +99,7 @@ struct ConnectivityProgram: Program {
         var c = configuration
         c.granularity = granularity(model)
         return Subscriptions {
-            Subscription.connectivity(c, key: "net") { .connectivity($0) }
+            if !model.dropped { Subscription.connectivity(c, key: "net") { .connectivity($0) } }
             Subscription.signal(.user1) { .signal($0) }
             Subscription.signal(.user2) { .signal($0) }
         }
@@ -133,6 +139,7 @@ case "watch" where args.count > 2:
 case "connectivity":
     var c = ConnectivitySource.Configuration()
     var granularities: [ConnectivitySource.Granularity] = []
+    var dropOn: String?
     var i = 2
     while i + 1 < args.count {
         switch args[i] {
@@ -141,16 +148,17 @@ case "connectivity":
         case "--exclude": c.exclude.append(args[i + 1])
         case "--rcvbuf": c.receiveBuffer = Int(args[i + 1])
         case "--settle": c.settle = .milliseconds(Int(args[i + 1]) ?? 0)
+        case "--drop-on": dropOn = args[i + 1]
         case "--granularity":
             granularities = args[i + 1].split(separator: ",").compactMap { ConnectivitySource.Granularity(rawValue: String($0)) }
         default: break
         }
         i += 2
     }
-    exit(runDaemon(ConnectivityProgram(configuration: c, granularities: granularities), logToStdout: true))
+    exit(runDaemon(ConnectivityProgram(configuration: c, granularities: granularities, dropOn: dropOn), logToStdout: true))
 case "forge" where args.count > 2:
     exit(forgeNetlink(to: UInt32(args[2]) ?? 0))
 default:
-    say("usage: reconcile-probe daemon | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] | forge PORT")
+    say("usage: reconcile-probe daemon | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT")
     exit(2)
 }

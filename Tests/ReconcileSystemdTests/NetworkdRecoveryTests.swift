@@ -74,8 +74,17 @@ final class NetworkdSandbox {
         inside("ip link set veth1 addrgenmode none")
     }
 
-    deinit {
+    private var cleanedUp = false
+
+    /// Ends the sandbox's dbus-daemon and networkd (by their PIDs).
+    func cleanup() {
+        guard !cleanedUp else { return }
+        cleanedUp = true
         sh("nsenter -t \(child.pid) -n -m \(sandbox) --cleanup")
+    }
+
+    deinit {
+        cleanup()
         child.signal(SIGTERM)
         _ = child.wait()
     }
@@ -183,6 +192,30 @@ extension SystemdTests {
             #expect(child.line(matching: { $0.contains("auto chose") }, timeout: .seconds(5))
                     == "log: connectivity: auto chose the kernel (the system bus did not answer within 2 s)")
             #expect(child.line(matching: { $0.hasPrefix("state=") }, timeout: .seconds(5))?.contains("backend=kernel") == true)
+        }
+
+        /// The program drops the watch from its failure event, which sd-bus
+        /// delivers from inside a callback of the very connection being given
+        /// up: the stop is clean (released on the next loop iteration).
+        @Test(arguments: ["lost the connection", "networkd is not running"])
+        func programDroppingTheWatchOnAFailureStopsItCleanly(_ reason: String) throws {
+            let s = try NetworkdSandbox(["--drop-on", reason])
+            let first = s.next()
+            #expect(first?.hasPrefix("failed systemd-networkd is not running") == true)
+            if !reason.contains("not running") {
+                s.configureVeth()
+                s.script("--start-networkd")
+                #expect(s.next { $0.hasPrefix("state=") } != nil)
+                s.script("--kill-bus")
+                #expect(s.next(timeout: .seconds(2)) == "failed lost the connection to the system bus (Disconnected)")
+            }
+            #expect(s.next(timeout: .seconds(2)) == "dropped the watch")
+            s.child.signal(SIGUSR2)
+            #expect(s.next(timeout: .seconds(2)) == "stats starts=3 stops=1 retunes=0 restarts=0")
+            // The daemons go first: the namespaces are reached through the probe.
+            s.cleanup()
+            s.child.signal(SIGTERM)
+            #expect(s.child.line(matching: { $0.hasPrefix("exit") }, timeout: .seconds(5)) == "exit 0 stops=3 starts=3 live=0")
         }
 
         @Test func backoffDoublesUpToItsBoundAndResets() {
