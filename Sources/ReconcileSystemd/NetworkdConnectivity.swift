@@ -386,8 +386,10 @@ final class NetworkdConnectivity: RunningSource {
         // The box lives as long as the slot: after the reply, or until the
         // connection is freed with the call still pending.
         sd_bus_slot_set_destroy_callback(slot) { ud in Unmanaged<CallBox>.fromOpaque(ud!).release() }
-        // Floating: the slot is released with the bus or after the reply.
+        // Floating: the bus holds the slot (released after the reply, or with
+        // the bus); our own reference goes now.
         sd_bus_slot_set_floating(slot, 1)
+        sd_bus_slot_unref(slot)
     }
 
     final class CallBox {
@@ -503,7 +505,8 @@ final class AutoConnectivity: RunningSource {
             return
         }
         sd_bus_slot_set_destroy_callback(slot) { ud in Unmanaged<AskBox>.fromOpaque(ud!).release() }
-        sd_bus_slot_set_floating(slot, 1)
+        sd_bus_slot_set_floating(slot, 1)   // the bus holds it now; our reference goes
+        sd_bus_slot_unref(slot)
         // sd-bus does not time calls out while it is still authenticating.
         var s: OpaquePointer?
         if sd_event_add_time_relative(context.loop.handle, &s, CLOCK_MONOTONIC, AutoConnectivity.askTimeout, 100_000, { _, _, ud in
