@@ -3,11 +3,50 @@
 # Use inside a private network and mount namespace:
 #   unshare -n -m --propagation private scripts/networkd-sandbox.sh COMMAND...
 # Then, from outside: nsenter -t PID -n -m scripts/networkd-sandbox.sh --start-networkd
+# Other commands (same way): --stop-networkd, --kill-networkd (SIGKILL),
+# --wait-networkd, --networkd-pid, --kill-bus (SIGKILL the dbus-daemon),
+# --start-bus (again, after --kill-bus), --busctl ARGS..., --cleanup.
 set -eu
 bus=/run/systemd/testbus
 export DBUS_SYSTEM_BUS_ADDRESS=unix:path=$bus/system_bus_socket
 
+start_bus() {
+    dbus-daemon --config-file=$bus/bus.conf --fork --nopidfile --print-pid=3 3>$bus/dbus.pid </dev/null >/dev/null 2>&1
+}
+
+# Waits (at most 10 s) until process $1 is gone; it is our child or a daemon
+# we started, so it is reaped by its parent or by init.
+wait_gone() {
+    for _ in $(seq 200); do
+        kill -0 "$1" 2>/dev/null || return 0
+        # A zombie counts as gone.
+        [ "$(cut -d' ' -f3 /proc/"$1"/stat 2>/dev/null)" = Z ] && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
 case "${1:-}" in
+--start-bus)
+    # The bus again, after --kill-bus (same socket path and policy).
+    start_bus
+    exit 0 ;;
+--kill-bus)
+    # SIGKILL the private dbus-daemon, by its PID: every client sees its
+    # connection hang up; the socket file stays behind (connects are refused).
+    pid=$(cat $bus/dbus.pid)
+    kill -KILL "$pid"
+    wait_gone "$pid"
+    exit 0 ;;
+--kill-networkd)
+    # SIGKILL networkd, by its PID (no clean shutdown).
+    pid=$(cat $bus/networkd.pid)
+    kill -KILL "$pid"
+    wait_gone "$pid"
+    exit 0 ;;
+--networkd-pid)
+    cat $bus/networkd.pid
+    exit 0 ;;
 --start-networkd)
     /lib/systemd/systemd-networkd </dev/null >$bus/networkd.log 2>&1 &
     echo $! >$bus/networkd.pid
@@ -48,6 +87,6 @@ cat >$bus/bus.conf <<CONF
     <allow send_destination="*" eavesdrop="true"/><allow eavesdrop="true"/>
   </policy></busconfig>
 CONF
-dbus-daemon --config-file=$bus/bus.conf --fork --nopidfile --print-pid=3 3>$bus/dbus.pid </dev/null >/dev/null 2>&1
+start_bus
 ip link set lo up
 exec "$@"

@@ -2,8 +2,15 @@ import CSystemd
 import Glibc
 import Reconcile
 
-/// What both connectivity backends share: the last reported state, settle,
-/// and emitting one event per change.
+/// What both connectivity backends share: the last reported state, the
+/// subscription's granularity, settle, and emitting one event per change the
+/// subscriber asked for.
+///
+/// A state is compared with the last reported one through the configured
+/// `Granularity`: a change the subscriber does not look at wakes nothing, and
+/// the next event carries the whole state current then. With settle, the
+/// candidate is what differs through that lens; it is reported once it has
+/// held for the settle time (the newest state of that candidate is sent).
 final class ConnectivityReporter {
     private let ticket: SourceTicket
     private let loop: EventLoop
@@ -12,7 +19,8 @@ final class ConnectivityReporter {
     private var candidate: ConnectivitySource.State?
     private var candidateSince: Int64 = 0
     private var settleTimer: EventSource?
-    private var failing = false
+    /// The failure last reported, while the backend is failing.
+    private var failure: SourceFailure?
 
     init(ticket: SourceTicket, configuration: ConnectivitySource.Configuration, loop: EventLoop) {
         self.ticket = ticket
@@ -20,40 +28,55 @@ final class ConnectivityReporter {
         self.loop = loop
     }
 
+    private var granularity: ConnectivitySource.Granularity { configuration.granularity }
+
     /// Offers the backend's current state; emits now, or after it has held
-    /// for `settle`, if it differs from what was last reported.
+    /// for `settle`, if it differs from what was last reported in what the
+    /// subscriber looks at. After a failure, the first state is always reported.
     func offer(_ state: ConnectivitySource.State) {
-        failing = false
-        guard state != reported else {
+        failure = nil
+        guard let reported else {
+            emit(state, since: realtimeMicros())
+            return
+        }
+        guard granularity.distinguishes(reported, state) else {
+            // Nothing the subscriber looks at changed (or a flap came back).
             candidate = nil
             cancelSettle()
             return
         }
-        guard let settle = configuration.settle, reported != nil else {
+        guard let settle = configuration.settle else {
             emit(state, since: realtimeMicros())
             return
         }
-        if state != candidate {
+        if let c = candidate, !granularity.distinguishes(c, state) {
+            candidate = state   // the same candidate, newer detail: keep its start
+        } else {
             candidate = state
             candidateSince = realtimeMicros()
             armSettle(settle)
         }
     }
 
-    /// Reports a backend failure once (until a state is offered again).
+    /// Reports a backend failure, once per distinct failure while failing;
+    /// the next offered state is then reported whatever it is.
     func fail(_ failure: SourceFailure) {
-        guard !failing else { return }
-        failing = true
+        guard failure != self.failure else { return }
+        self.failure = failure
         reported = nil
+        candidate = nil
+        cancelSettle()
         ticket.fail(failure)
     }
 
-    /// New filters or settle: the backend recomputes and offers again.
+    /// New filters, settle or granularity: the backend recomputes and offers
+    /// again (a finer granularity then reports what the coarser one held back).
     func retune(_ c: ConnectivitySource.Configuration) {
         configuration = c
         if c.settle == nil, let pending = candidate {
             candidate = nil
             cancelSettle()
+            if let reported, !c.granularity.distinguishes(reported, pending) { return }
             emit(pending, since: candidateSince)
         }
     }
@@ -80,7 +103,11 @@ final class ConnectivityReporter {
         let r = sd_event_add_time_relative(loop.handle, &s, CLOCK_MONOTONIC, UInt64(max(1, settle.microseconds)), 1000, { _, _, ud in
             let me = Unmanaged<ConnectivityReporter>.fromOpaque(ud!).takeUnretainedValue()
             // The candidate held for the whole settle time.
-            if let c = me.candidate, c != me.reported { me.emit(c, since: me.candidateSince) } else { me.cancelSettle() }
+            if let c = me.candidate, me.reported.map({ me.granularity.distinguishes($0, c) }) ?? true {
+                me.emit(c, since: me.candidateSince)
+            } else {
+                me.cancelSettle()
+            }
             return 0
         }, Unmanaged.passUnretained(self).toOpaque())
         if r >= 0 { settleTimer = EventSource(s!) } else if let c = candidate { emit(c, since: candidateSince) }

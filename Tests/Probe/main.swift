@@ -55,27 +55,54 @@ struct WatchProgram: Program {
     }
 }
 
-/// Follows connectivity and prints each change on one line.
+/// Follows connectivity and prints each change on one line. With several
+/// granularities, SIGUSR1 retunes the subscription to the next one in place;
+/// SIGUSR2 prints the runtime's start/stop/retune counts.
 struct ConnectivityProgram: Program {
     let configuration: ConnectivitySource.Configuration
-    enum Message { case connectivity(ConnectivitySource.Event) }
+    var granularities: [ConnectivitySource.Granularity] = []
+    /// Drop the watch on a failure whose reason contains this.
+    var dropOn: String?
+    struct Model: Equatable { var events = 0; var granularity = 0; var dropped = false }
+    enum Message { case connectivity(ConnectivitySource.Event), signal(SignalSource.Event) }
     typealias Command = Say
-    func start() -> (Int, [Command]) { (0, []) }
-    func update(_ model: inout Int, _ message: Message) -> [Command] {
-        model += 1
+    func start() -> (Model, [Command]) { (Model(), []) }
+    func update(_ model: inout Model, _ message: Message) -> [Command] {
         switch message {
         case .connectivity(.changed(let c)):
+            model.events += 1
             let s = c.state
             let ifaces = s.interfaces.map { "\($0.name):\($0.state.rawValue):\($0.addresses.count)" }.joined(separator: ",")
             let addrs = s.interfaces.flatMap(\.addresses).joined(separator: ",")
             let route = s.defaultRoute.map { "\($0)" } ?? "?"
             return [.say("state=\(s.state.rawValue) online=\(s.online) default=\(route) backend=\(s.backend.rawValue) ifaces=\(ifaces) addrs=\(addrs)")]
         case .connectivity(.failed(let f)):
+            model.events += 1
+            if let dropOn, f.reason.contains(dropOn) {
+                model.dropped = true
+                return [.say("failed \(f.reason)"), .say("dropped the watch")]
+            }
             return [.say("failed \(f.reason)")]
+        case .signal(.received(.user1, _)):
+            model.granularity = min(model.granularity + 1, max(0, granularities.count - 1))
+            return [.say("granularity \(granularity(model).rawValue)")]
+        case .signal(.received(.user2, _)):
+            return [.say("stats")]
+        case .signal:
+            return []
         }
     }
-    func subscriptions(_ model: Int) -> Subscriptions<Message> {
-        Subscriptions { Subscription.connectivity(configuration, key: "net") { .connectivity($0) } }
+    func granularity(_ model: Model) -> ConnectivitySource.Granularity {
+        granularities.isEmpty ? configuration.granularity : granularities[model.granularity]
+    }
+    func subscriptions(_ model: Model) -> Subscriptions<Message> {
+        var c = configuration
+        c.granularity = granularity(model)
+        return Subscriptions {
+            if !model.dropped { Subscription.connectivity(c, key: "net") { .connectivity($0) } }
+            Subscription.signal(.user1) { .signal($0) }
+            Subscription.signal(.user2) { .signal($0) }
+        }
     }
 }
 
@@ -83,8 +110,13 @@ func runDaemon<P: Program>(_ program: P, logToStdout: Bool = false) -> Int32 whe
     do {
         var options = Daemon<P>.Options()
         options.logger = Logger(level: .info, handler: logToStdout ? LogHandler { say("log: \($0.message)") } : .stderr)
-        let daemon = try Daemon(program, options: options) { command, _ in
-            switch command { case .say(let line): say(line) }
+        let daemon = try Daemon(program, options: options) { command, daemon in
+            switch command {
+            case .say("stats"):
+                let s = daemon.runtime.stats
+                say("stats starts=\(s.starts) stops=\(s.stops) retunes=\(s.retunes) restarts=\(s.restarts)")
+            case .say(let line): say(line)
+            }
         }
         say("running")
         let code = try daemon.run()
@@ -106,6 +138,8 @@ case "watch" where args.count > 2:
     exit(runDaemon(WatchProgram(path: args[2])))
 case "connectivity":
     var c = ConnectivitySource.Configuration()
+    var granularities: [ConnectivitySource.Granularity] = []
+    var dropOn: String?
     var i = 2
     while i + 1 < args.count {
         switch args[i] {
@@ -114,14 +148,17 @@ case "connectivity":
         case "--exclude": c.exclude.append(args[i + 1])
         case "--rcvbuf": c.receiveBuffer = Int(args[i + 1])
         case "--settle": c.settle = .milliseconds(Int(args[i + 1]) ?? 0)
+        case "--drop-on": dropOn = args[i + 1]
+        case "--granularity":
+            granularities = args[i + 1].split(separator: ",").compactMap { ConnectivitySource.Granularity(rawValue: String($0)) }
         default: break
         }
         i += 2
     }
-    exit(runDaemon(ConnectivityProgram(configuration: c), logToStdout: true))
+    exit(runDaemon(ConnectivityProgram(configuration: c, granularities: granularities, dropOn: dropOn), logToStdout: true))
 case "forge" where args.count > 2:
     exit(forgeNetlink(to: UInt32(args[2]) ?? 0))
 default:
-    say("usage: reconcile-probe daemon | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] | forge PORT")
+    say("usage: reconcile-probe daemon | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT")
     exit(2)
 }

@@ -15,6 +15,33 @@ public enum ConnectivitySource: Source {
         case networkd
     }
 
+    /// What a subscription wants to be woken for. The driver compares each
+    /// new state with the last one it reported *through this lens* and emits
+    /// only when they differ; the event then carries the whole current state.
+    public enum Granularity: String, Hashable, Sendable, CaseIterable {
+        /// Only the verdict: `online`.
+        case online
+        /// The machine-wide picture: `state`, `online`, `defaultRoute` and
+        /// `backend` (no per-interface detail, no addresses).
+        case overall
+        /// Everything in `State`, interfaces and addresses included (the default).
+        case full
+
+        /// Whether a subscriber at this granularity must be told about the
+        /// change from `old` to `new`.
+        public func distinguishes(_ old: State, _ new: State) -> Bool {
+            switch self {
+            case .online:
+                old.online != new.online
+            case .overall:
+                old.online != new.online || old.state != new.state
+                    || old.defaultRoute != new.defaultRoute || old.backend != new.backend
+            case .full:
+                old != new
+            }
+        }
+    }
+
     /// A connectivity watch's parameters.
     public struct Configuration: Hashable, Sendable, CustomStringConvertible {
         /// The backend.
@@ -28,15 +55,19 @@ public enum ConnectivitySource: Source {
         /// The kernel backend's socket receive buffer in bytes (nil: the
         /// kernel default). Small values make overruns (and resyncs) likely.
         public var receiveBuffer: Int?
+        /// What wakes the program (default `.full`: any change of `State`).
+        /// Changes in place, without a restart.
+        public var granularity: Granularity
 
         /// A watch on `backend` over the interfaces `include`/`exclude` admit, reporting after `settle`.
         public init(backend: Backend = .auto, include: [String] = [], exclude: [String] = [],
-                    settle: Duration? = nil, receiveBuffer: Int? = nil) {
+                    settle: Duration? = nil, receiveBuffer: Int? = nil, granularity: Granularity = .full) {
             self.backend = backend
             self.include = include
             self.exclude = exclude
             self.settle = settle
             self.receiveBuffer = receiveBuffer
+            self.granularity = granularity
         }
 
         /// Whether interface `name` passes the filters.
@@ -52,6 +83,7 @@ public enum ConnectivitySource: Source {
             if !exclude.isEmpty { parts.append("exclude \(exclude.joined(separator: ","))") }
             if let settle { parts.append("settle \(settle.short)") }
             if let receiveBuffer { parts.append("rcvbuf \(receiveBuffer)") }
+            if granularity != .full { parts.append("granularity \(granularity.rawValue)") }
             return parts.joined(separator: " ")
         }
     }
@@ -102,7 +134,8 @@ public enum ConnectivitySource: Source {
     }
 
     /// What the subscriber sees. Two states that compare equal are the same
-    /// report: an event is emitted only when this changes.
+    /// report: an event is emitted only when this changes (or, with a coarser
+    /// `Granularity`, only when the part it looks at changes).
     public struct State: Hashable, Sendable {
         /// The overall operational state: the highest over included links.
         public var state: OperationalState
@@ -134,7 +167,9 @@ public enum ConnectivitySource: Source {
 
     /// A reported change.
     public struct Change: Hashable, Sendable {
-        /// The new state.
+        /// The whole current state. With a coarser granularity, the fields it
+        /// does not look at are as of this event: later changes to them alone
+        /// are not reported.
         public var state: State
         /// When it changed (or, with settle, when it started to hold):
         /// microseconds since the Unix epoch.
@@ -159,7 +194,8 @@ public enum ConnectivitySource: Source {
     /// `.failed(failure)`.
     public static func failed(_ failure: SourceFailure) -> Event { .failed(failure) }
 
-    /// Filters and settle change in place; a backend change restarts.
+    /// Filters, settle and granularity change in place; a backend or
+    /// receive buffer change restarts.
     public static func canRetune(from old: Configuration, to new: Configuration) -> Bool {
         old.backend == new.backend && old.receiveBuffer == new.receiveBuffer
     }
