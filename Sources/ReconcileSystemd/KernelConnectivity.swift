@@ -264,6 +264,8 @@ final class NetlinkWatcher {
         } else {
             routeDisputes += 1
             routeDumpWanted = true
+            logger.info("connectivity: a route dump still shows routes the kernel removes silently, dumping again",
+                        ["ROUTE_DISPUTES": "\(routeDisputes)"])
         }
         if dumpQueue.isEmpty { resyncing = false }
         if routeDumpWanted {
