@@ -67,7 +67,7 @@ final class NetlinkWatcher {
     private var routeDisputes = 0
     private var buffer = [UInt8](repeating: 0, count: 64 * 1024)
     /// Counters for logs and tests.
-    private(set) var resyncs = 0, forged = 0, routeDumps = 0
+    private(set) var resyncs = 0, forged = 0
 
     /// Opens the sockets and starts the first dumps; `onTable` gets the table
     /// after every batch that leaves no dump under way.
@@ -159,7 +159,6 @@ final class NetlinkWatcher {
         dumping = type
         dumpInterrupted = false
         if type == NL.getRoute {
-            routeDumps += 1
             dumpedRoutes = [:]
             table.beginRouteDump()
         }
