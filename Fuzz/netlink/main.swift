@@ -9,9 +9,11 @@ public func fuzzNetlink(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     var total = 0
     for e in envelopes {
         switch e.message {
-        case .link(let l, _): total &+= Int(l.index) &+ (l.name?.utf8.count ?? 0)
+        case .link(let l, _): total &+= Int(l.index) &+ (l.name?.utf8.count ?? 0) &+ Int(l.family) &+ Int(l.master ?? 0)
         case .address(let a, _): total &+= a.address.count &+ formatAddressForFuzz(a.address).count
-        case .route(let r, _): total &+= Int(r.destinationLength)
+        case .route(let r, _):
+            total &+= Int(r.destinationLength) &+ Int(r.priority ?? 0) &+ (r.preferredSource?.count ?? 0)
+            for hop in r.nexthops { total &+= Int(hop.interface) &+ (hop.gateway?.count ?? 0) }
         case .done, .error, .other: total &+= 1
         }
     }

@@ -38,6 +38,10 @@ final class KernelConnectivity: RunningSource {
 /// routes, one at a time, each repeated when the kernel marks it interrupted.
 /// When the notification socket overruns (ENOBUFS) events were lost: the
 /// tables are rebuilt from fresh dumps and the corrected state reported.
+/// The kernel removes routes without RTM_DELROUTE when a link goes down or
+/// loses its last IPv4 address: the table removes them the same way at once,
+/// and the routes are dumped again (on the dump socket, without holding the
+/// reports back) to confirm it; see `LinkTable.adoptRouteDump`.
 /// Only messages from the kernel (sender port id 0) are believed.
 final class NetlinkWatcher {
     private let onTable: (LinkTable) -> Void
@@ -53,6 +57,14 @@ final class NetlinkWatcher {
     private var dumping: UInt16?
     private var dumpInterrupted = false
     private var resyncPending = false
+    /// A full resync is under way (its table is not reported until done).
+    private var resyncing = false
+    /// The default routes of the route dump under way.
+    private var dumpedRoutes: [LinkTable.RouteKey: LinkTable.Route] = [:]
+    /// The routes must be dumped again after the dump under way.
+    private var routeDumpWanted = false
+    /// Route dumps in a row that disagreed with a silent flush.
+    private var routeDisputes = 0
     private var buffer = [UInt8](repeating: 0, count: 64 * 1024)
     /// Counters for logs and tests.
     private(set) var resyncs = 0, forged = 0
@@ -116,10 +128,24 @@ final class NetlinkWatcher {
             return
         }
         resyncPending = false
+        resyncing = true
+        routeDumpWanted = false
+        routeDisputes = 0
         table = LinkTable()
         dumpQueue = [NL.getLink, NL.getAddr, NL.getRoute]
         dumping = nil
         nextDump()
+    }
+
+    /// The kernel may have removed routes silently: dump them again (after
+    /// the dump under way, if any; a queued route dump will do).
+    private func redumpRoutes() {
+        if resyncPending || dumpQueue.contains(NL.getRoute) { return }
+        if dumping != nil {
+            routeDumpWanted = true
+            return
+        }
+        sendDump(NL.getRoute)
     }
 
     private func nextDump() {
@@ -132,6 +158,10 @@ final class NetlinkWatcher {
         sequence &+= 1
         dumping = type
         dumpInterrupted = false
+        if type == NL.getRoute {
+            dumpedRoutes = [:]
+            table.beginRouteDump()
+        }
         var request = dumpRequest(type: type, sequence: sequence)
         var kernel = sockaddr_nl()
         kernel.nl_family = sa_family_t(AF_NETLINK)
@@ -140,7 +170,10 @@ final class NetlinkWatcher {
                 sendto(dumpFD, &request, request.count, 0, $0, socklen_t(MemoryLayout<sockaddr_nl>.size))
             }
         }
-        if r < 0 { onFailure(SystemdError("sendto(netlink dump)", errno: errno).failure) }
+        if r < 0 {
+            dumping = nil
+            onFailure(SystemdError("sendto(netlink dump)", errno: errno).failure)
+        }
     }
 
     private func readable(_ fd: Int32) {
@@ -191,11 +224,15 @@ final class NetlinkWatcher {
     }
 
     private func handle(_ e: NetlinkEnvelope, dumpReply: Bool) {
-        let isDumpReply = dumpReply && dumping != nil && e.sequence == sequence
-        if isDumpReply && e.flags & NL.fDumpIntr != 0 { dumpInterrupted = true }
+        guard dumpReply else {
+            if table.apply(e.message, replace: e.flags & NL.fReplace != 0) { redumpRoutes() }
+            return
+        }
+        // The dump socket carries only dump answers; one of an older dump is dropped.
+        guard let type = dumping, e.sequence == sequence else { return }
+        if e.flags & NL.fDumpIntr != 0 { dumpInterrupted = true }
         switch e.message {
-        case .done where isDumpReply, .error where isDumpReply:
-            let type = dumping!
+        case .done, .error:
             dumping = nil
             if case .error(let code) = e.message, code != 0 {
                 guard code == ENOBUFS || code == EBUSY || code == EINTR else {
@@ -204,15 +241,41 @@ final class NetlinkWatcher {
                 }
                 resyncPending = true
             }
-            if resyncPending { resync() } else if dumpInterrupted { sendDump(type) } else { nextDump() }
+            if resyncPending { resync(); return }
+            if dumpInterrupted { sendDump(type); return }
+            if type == NL.getRoute { finishRouteDump() }
+            if dumping == nil { nextDump() }
+        case .route(let r, _):
+            for (key, route) in LinkTable.defaultRouteEntries(r) { dumpedRoutes[key] = route }
         default:
             table.apply(e.message)
         }
     }
 
-    /// The table, when no dump is under way (nil while one is).
+    /// A route dump ended: adopt it; dump again when it disputes a silent
+    /// flush (the dump may have been answered before the kernel's flush
+    /// finished), at most twice, then believe the kernel.
+    private func finishRouteDump() {
+        let agreed = table.adoptRouteDump(dumpedRoutes, trustDump: routeDisputes >= 2)
+        dumpedRoutes = [:]
+        if agreed {
+            routeDisputes = 0
+        } else {
+            routeDisputes += 1
+            routeDumpWanted = true
+            logger.info("connectivity: a route dump still shows routes the kernel removes silently, dumping again",
+                        ["ROUTE_DISPUTES": "\(routeDisputes)"])
+        }
+        if dumpQueue.isEmpty { resyncing = false }
+        if routeDumpWanted {
+            routeDumpWanted = false
+            sendDump(NL.getRoute)
+        }
+    }
+
+    /// The table, unless a full resync is under way (nil while one is).
     var settledTable: LinkTable? {
-        dumping == nil && dumpQueue.isEmpty && !resyncPending ? table : nil
+        !resyncing && !resyncPending ? table : nil
     }
 
     /// After a batch: hand the table on if no dump is under way.

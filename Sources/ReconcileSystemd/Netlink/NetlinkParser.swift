@@ -9,6 +9,10 @@ enum NL {
     static let newAddr: UInt16 = 20, delAddr: UInt16 = 21, getAddr: UInt16 = 22
     static let newRoute: UInt16 = 24, delRoute: UInt16 = 25, getRoute: UInt16 = 26
     static let fRequest: UInt16 = 0x1, fDumpIntr: UInt16 = 0x10, fDump: UInt16 = 0x300
+    /// On an RTM_NEWROUTE notification: the route replaced an existing one
+    /// (which gets no RTM_DELROUTE).
+    static let fReplace: UInt16 = 0x100
+    static let afInet: UInt8 = 2, afBridge: UInt8 = 7, afInet6: UInt8 = 10
     static let headerSize = 16
 }
 
@@ -44,6 +48,9 @@ struct LinkMessage: Equatable {
     var name: String?
     var operState: UInt8?
     var master: UInt32?
+    /// `ifi_family`: AF_UNSPEC for the link itself; AF_BRIDGE for a bridge
+    /// port's notifications (its RTM_DELLINK means "left the bridge").
+    var family: UInt8 = 0
 }
 
 struct AddressMessage: Equatable {
@@ -63,6 +70,28 @@ struct RouteMessage: Equatable {
     var outputInterface: UInt32?
     var gateway: [UInt8]?
     var destination: [UInt8]?
+    var sourceLength: UInt8 = 0
+    var tos: UInt8 = 0
+    /// `rtm_flags` (RTNH_F_DEAD, RTNH_F_LINKDOWN... for a single nexthop).
+    var flags: UInt32 = 0
+    /// RTA_PRIORITY: the metric.
+    var priority: UInt32?
+    /// RTA_SRC (source-specific IPv6 routes).
+    var source: [UInt8]?
+    /// RTA_PREFSRC: the preferred source address.
+    var preferredSource: [UInt8]?
+    /// RTA_NH_ID: the route uses a nexthop object.
+    var nexthopID: UInt32?
+    /// RTA_MULTIPATH: one entry per nexthop (empty for a single nexthop).
+    var nexthops: [RouteNexthop] = []
+}
+
+/// One `rtnexthop` of an RTA_MULTIPATH route.
+struct RouteNexthop: Equatable {
+    var flags: UInt8
+    var interface: UInt32
+    /// RTA_GATEWAY, or the address of RTA_VIA.
+    var gateway: [UInt8]?
 }
 
 /// Bounds-checked little helpers over a byte buffer.
@@ -135,8 +164,8 @@ private func string(_ r: ByteReader, _ at: Int, _ count: Int) -> String? {
 }
 
 private func parseLink(_ r: ByteReader, _ body: Int, _ end: Int) -> LinkMessage? {
-    guard body + 16 <= end, let index = r.u32(body + 4), let flags = r.u32(body + 8) else { return nil }
-    var m = LinkMessage(index: Int32(bitPattern: index), flags: flags)
+    guard body + 16 <= end, let family = r.u8(body), let index = r.u32(body + 4), let flags = r.u32(body + 8) else { return nil }
+    var m = LinkMessage(index: Int32(bitPattern: index), flags: flags, family: family)
     attributes(r, body + 16, end) { type, at, len in
         switch type {
         case 3: m.name = string(r, at, len)                      // IFLA_IFNAME
@@ -168,19 +197,50 @@ private func parseAddress(_ r: ByteReader, _ body: Int, _ end: Int) -> AddressMe
 }
 
 private func parseRoute(_ r: ByteReader, _ body: Int, _ end: Int) -> RouteMessage? {
-    guard body + 12 <= end, let family = r.u8(body), let dstLen = r.u8(body + 1), let table = r.u8(body + 4),
-          let type = r.u8(body + 7) else { return nil }
-    var m = RouteMessage(family: family, destinationLength: dstLen, table: UInt32(table), type: type)
+    guard body + 12 <= end, let family = r.u8(body), let dstLen = r.u8(body + 1), let srcLen = r.u8(body + 2),
+          let tos = r.u8(body + 3), let table = r.u8(body + 4), let type = r.u8(body + 7),
+          let flags = r.u32(body + 8) else { return nil }
+    var m = RouteMessage(family: family, destinationLength: dstLen, table: UInt32(table), type: type,
+                         sourceLength: srcLen, tos: tos, flags: flags)
     attributes(r, body + 12, end) { t, at, len in
         switch t {
         case 1: m.destination = r.slice(at, len)                       // RTA_DST
+        case 2: m.source = r.slice(at, len)                            // RTA_SRC
         case 4: if len >= 4 { m.outputInterface = r.u32(at) }          // RTA_OIF
         case 5: m.gateway = r.slice(at, len)                           // RTA_GATEWAY
+        case 6: if len >= 4 { m.priority = r.u32(at) }                 // RTA_PRIORITY
+        case 7: m.preferredSource = r.slice(at, len)                   // RTA_PREFSRC
+        case 9: m.nexthops = parseMultipath(r, at, at + len)           // RTA_MULTIPATH
         case 15: if len >= 4, let t32 = r.u32(at) { m.table = t32 }    // RTA_TABLE
+        case 18: if len > 2 { m.gateway = r.slice(at + 2, len - 2) }   // RTA_VIA (family, address)
+        case 30: if len >= 4 { m.nexthopID = r.u32(at) }               // RTA_NH_ID
         default: break
         }
     }
     return m
+}
+
+/// The `rtnexthop` entries of an RTA_MULTIPATH attribute in [start, end).
+private func parseMultipath(_ r: ByteReader, _ start: Int, _ end: Int) -> [RouteNexthop] {
+    var out: [RouteNexthop] = []
+    var at = start
+    let limit = min(end, r.bytes.count)
+    while at + 8 <= limit {
+        guard let len16 = r.u16(at), let flags = r.u8(at + 2), let index = r.u32(at + 4) else { break }
+        let len = Int(len16)
+        guard len >= 8, at + len <= limit else { break }
+        var hop = RouteNexthop(flags: flags, interface: index)
+        attributes(r, at + 8, at + len) { t, a, l in
+            switch t {
+            case 5: hop.gateway = r.slice(a, l)                        // RTA_GATEWAY
+            case 18: if l > 2 { hop.gateway = r.slice(a + 2, l - 2) }  // RTA_VIA
+            default: break
+            }
+        }
+        out.append(hop)
+        at += align4(len)
+    }
+    return out
 }
 
 /// Builds a dump request (`RTM_GET*` with NLM_F_REQUEST|NLM_F_DUMP).
