@@ -31,28 +31,23 @@ extension FileWatchSource: SystemdSource {
 /// once and retries with a bounded backoff; once armed again it reports the
 /// path's state (`.exists`, or `.deleted` if it existed before).
 final class FileWatchRunner: RunningSource {
-    /// What an inotify watch is for.
-    enum Role {
-        /// A directory a name of the path is looked up in: a change of one of
-        /// `names` re-resolves the path.
-        case lookup
-        /// The directory holding the final file: writes to `names` (the final
-        /// name) are modifications.
-        case content
-        /// The final object, a directory: its entries changing is a modification.
-        case entries
-    }
-
-    /// One inotify source; the sd-event userdata.
+    /// One inotify source on one directory, and what this watch wants of
+    /// it; the sd-event userdata.
     final class Watch {
         unowned let runner: FileWatchRunner
-        let role: Role
         let path: String
+        /// Names of the path looked up in this directory: a change of one
+        /// re-resolves the path.
         var names: Set<String> = []
+        /// The final name, when this directory holds the watched file: its
+        /// writes and attribute changes are modifications.
+        var content: String?
+        /// This directory is the watched path: its entries changing is a
+        /// modification.
+        var entries = false
         var source: EventSource?
-        init(_ runner: FileWatchRunner, _ role: Role, _ path: String) {
+        init(_ runner: FileWatchRunner, _ path: String) {
             self.runner = runner
-            self.role = role
             self.path = path
         }
         func close() {
@@ -94,11 +89,16 @@ final class FileWatchRunner: RunningSource {
     /// A looked-up name changed since the last resolution.
     private var touched = false
 
-    private static let lookupMask = UInt32(IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF)
-    private static let contentMask = UInt32(IN_CLOSE_WRITE | IN_ATTRIB)
-    private static let entriesMask = UInt32(IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CLOSE_WRITE | IN_ATTRIB
+    /// The one inotify mask of every file watch source (and of the driver's
+    /// idle watch on `/`). sd-event shares a kernel watch per inode, ORs the
+    /// masks of its sources and never narrows it when one goes; in libsystemd
+    /// 252 an event that no remaining source on the inode asks for is never
+    /// taken out of its read buffer, and the loop spins on it for ever. So
+    /// every source asks for every event any of them may cause, and filters.
+    static let mask = UInt32(IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CLOSE_WRITE | IN_ATTRIB
         | IN_DELETE_SELF | IN_MOVE_SELF)
     private static let nameChangeMask = UInt32(IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE)
+    private static let contentMask = UInt32(IN_CLOSE_WRITE | IN_ATTRIB)
     private static let selfGoneMask = UInt32(IN_DELETE_SELF | IN_MOVE_SELF)
 
     init(ticket: SourceTicket, configuration c: FileWatchSource.Configuration, loop: EventLoop) throws {
@@ -160,7 +160,18 @@ final class FileWatchRunner: RunningSource {
         guard dir >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
         defer { close(dir) }
         var dirPath = "/"
-        var lookups: [String: Watch] = [:]
+        var byPath: [String: Watch] = [:]
+
+        /// The watch on directory `fd` (at `p`), added once per resolution.
+        func watch(_ fd: Int32, _ p: String) -> Result<Watch, SourceFailure> {
+            if let w = byPath[p] { return .success(w) }
+            let result = addWatch(fd, p)
+            if case .success(let w) = result {
+                byPath[p] = w
+                fresh.append(w)
+            }
+            return result
+        }
         var rest = Array(components.reversed())
         var links = 0
 
@@ -179,18 +190,12 @@ final class FileWatchRunner: RunningSource {
                 continue
             }
             // Watch the directory before the name is looked up in it.
-            if let w = lookups[dirPath] {
-                w.names.insert(name)
-            } else {
-                switch addWatch(dir, dirPath, .lookup) {
-                case .success(let w):
-                    w.names.insert(name)
-                    lookups[dirPath] = w
-                    fresh.append(w)
-                case .failure(let f):
-                    return .failure(f)
-                }
+            let here: Watch
+            switch watch(dir, dirPath) {
+            case .success(let w): here = w
+            case .failure(let f): return .failure(f)
             }
+            here.names.insert(name)
             let entryPath = Self.join(dirPath, name)
             let fd = openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)
             if fd < 0 {
@@ -225,16 +230,10 @@ final class FileWatchRunner: RunningSource {
             if last {
                 defer { close(fd) }
                 // Writes to the file are seen on its directory, by name.
-                switch addWatch(dir, dirPath, .content) {
-                case .success(let w):
-                    w.names.insert(name)
-                    fresh.append(w)
-                case .failure(let f):
-                    return .failure(f)
-                }
+                here.content = name
                 if type == S_IFDIR {
-                    switch addWatch(fd, entryPath, .entries) {
-                    case .success(let w): fresh.append(w)
+                    switch watch(fd, entryPath) {
+                    case .success(let w): w.entries = true
                     case .failure(let f): return .failure(f)
                     }
                 }
@@ -250,22 +249,17 @@ final class FileWatchRunner: RunningSource {
         // The path is `/`, or ends in `..`: the final object is `dir`.
         var st = stat()
         guard fstat(dir, &st) == 0 else { return .failure(SystemdError("stat \(dirPath)", errno: errno).failure) }
-        switch addWatch(dir, dirPath, .entries) {
-        case .success(let w): fresh.append(w)
+        switch watch(dir, dirPath) {
+        case .success(let w): w.entries = true
         case .failure(let f): return .failure(f)
         }
         return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
     }
 
-    private func addWatch(_ fd: Int32, _ path: String, _ role: Role) -> Result<Watch, SourceFailure> {
-        let watch = Watch(self, role, path)
-        let mask = switch role {
-        case .lookup: Self.lookupMask
-        case .content: Self.contentMask
-        case .entries: Self.entriesMask
-        }
+    private func addWatch(_ fd: Int32, _ path: String) -> Result<Watch, SourceFailure> {
+        let watch = Watch(self, path)
         var s: OpaquePointer?
-        let r = sd_event_add_inotify_fd(loop.handle, &s, fd, mask, { _, event, ud in
+        let r = sd_event_add_inotify_fd(loop.handle, &s, fd, Self.mask, { _, event, ud in
             guard let event, let ud else { return 0 }
             let watch = Unmanaged<Watch>.fromOpaque(ud).takeUnretainedValue()
             watch.runner.handle(watch, event.pointee.mask, CSystemd_inotify_event_name(event).map { String(cString: $0) })
@@ -309,16 +303,15 @@ final class FileWatchRunner: RunningSource {
             return
         }
         guard let name else { return }
-        switch watch.role {
-        case .lookup:
-            if mask & Self.nameChangeMask != 0, watch.names.contains(name) {
-                touched = true
-                needsRearm = true
-            }
-        case .content:
-            if mask & Self.contentMask != 0, watch.names.contains(name) { record(.modified) }
-        case .entries:
-            if mask & Self.entriesMask != 0 { record(.modified) }
+        if mask & Self.nameChangeMask != 0, watch.names.contains(name) {
+            touched = true
+            needsRearm = true
+        }
+        if mask & Self.contentMask != 0, name == watch.content {
+            record(.modified)
+        }
+        if watch.entries {
+            record(.modified)
         }
     }
 
