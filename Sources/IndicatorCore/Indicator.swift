@@ -135,7 +135,8 @@ public struct Indicator: Program {
                 Subscription.every(.seconds(60), key: "since", leeway: .seconds(1)) { _ in .minute }
             }
             if let path = configPath, !once {
-                Subscription.watch(path) { .configChanged($0) }
+                // `.exists` once armed: read after the watch is in place.
+                Subscription.watch(path, reportExisting: true) { .configChanged($0) }
                 if model.configPending {
                     let phase = model.configPhase
                     Subscription.after(Self.configQuiet, key: ConfigQuietKey(phase: phase)) { _ in .configQuiet(phase) }
