@@ -9,7 +9,8 @@ private let O_PATH: Int32 = 0o10_000_000
 extension FileWatchSource: SystemdSource {
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
         context.driver.keepInotifyOpen()
-        return try FileWatchRunner(ticket: ticket, configuration: configuration, loop: context.loop)
+        return try FileWatchRunner(ticket: ticket, configuration: configuration, loop: context.loop,
+                                   directories: context.driver.directoryWatches)
     }
 }
 
@@ -31,8 +32,8 @@ extension FileWatchSource: SystemdSource {
 /// once and retries with a bounded backoff; once armed again it reports the
 /// path's state (`.exists`, or `.deleted` if it existed before).
 final class FileWatchRunner: RunningSource {
-    /// One inotify source on one directory, and what this watch wants of
-    /// it; the sd-event userdata.
+    /// What one runner wants of one watched directory; a subscriber of the
+    /// loop's shared `DirectoryWatches` entry for that directory.
     final class Watch {
         unowned let runner: FileWatchRunner
         let path: String
@@ -45,14 +46,15 @@ final class FileWatchRunner: RunningSource {
         /// This directory is the watched path: its entries changing is a
         /// modification.
         var entries = false
-        var source: EventSource?
+        var entry: DirectoryWatches.Entry?
         init(_ runner: FileWatchRunner, _ path: String) {
             self.runner = runner
             self.path = path
         }
+        var isOpen: Bool { entry != nil }
         func close() {
-            source?.close()
-            source = nil
+            entry?.remove(self)
+            entry = nil
         }
     }
 
@@ -71,6 +73,7 @@ final class FileWatchRunner: RunningSource {
 
     private let ticket: SourceTicket
     private let loop: EventLoop
+    private let directories: DirectoryWatches
     private let path: String
     private let components: [String]
     private let follow: Bool
@@ -101,9 +104,10 @@ final class FileWatchRunner: RunningSource {
     private static let contentMask = UInt32(IN_CLOSE_WRITE | IN_ATTRIB)
     private static let selfGoneMask = UInt32(IN_DELETE_SELF | IN_MOVE_SELF)
 
-    init(ticket: SourceTicket, configuration c: FileWatchSource.Configuration, loop: EventLoop) throws {
+    init(ticket: SourceTicket, configuration c: FileWatchSource.Configuration, loop: EventLoop, directories: DirectoryWatches) throws {
         self.ticket = ticket
         self.loop = loop
+        self.directories = directories
         guard c.path.hasPrefix("/") else {
             throw SourceFailure(operation: "watch \(c.path)", code: EINVAL, reason: "the path must be absolute")
         }
@@ -258,16 +262,13 @@ final class FileWatchRunner: RunningSource {
 
     private func addWatch(_ fd: Int32, _ path: String) -> Result<Watch, SourceFailure> {
         let watch = Watch(self, path)
-        var s: OpaquePointer?
-        let r = sd_event_add_inotify_fd(loop.handle, &s, fd, Self.mask, { _, event, ud in
-            guard let event, let ud else { return 0 }
-            let watch = Unmanaged<Watch>.fromOpaque(ud).takeUnretainedValue()
-            watch.runner.handle(watch, event.pointee.mask, CSystemd_inotify_event_name(event).map { String(cString: $0) })
-            return 0
-        }, Unmanaged.passUnretained(watch).toOpaque())
-        guard r >= 0 else { return .failure(SystemdError("inotify_add_watch \(path)", errno: -r).failure) }
-        watch.source = EventSource(s!)
-        return .success(watch)
+        switch directories.add(watch, fd: fd, path: path) {
+        case .success(let entry):
+            watch.entry = entry
+            return .success(watch)
+        case .failure(let f):
+            return .failure(f)
+        }
     }
 
     private static func readLink(_ fd: Int32) -> String? {
@@ -286,33 +287,37 @@ final class FileWatchRunner: RunningSource {
 
     // MARK: Events
 
-    private func handle(_ watch: Watch, _ mask: UInt32, _ name: String?) {
-        guard watch.source != nil, flush != nil else { return }
-        defer { scheduleFlush() }
+    fileprivate func handle(_ watch: Watch, _ mask: UInt32, _ name: String?) {
+        guard watch.isOpen, flush != nil else { return }
         if mask & UInt32(IN_Q_OVERFLOW) != 0 {
             // Events were lost on this loop's inotify queue: say so, then
             // resolve the path again.
             record(.rescan)
-            needsRearm = true
+            scheduleRearm()
             return
         }
         if mask & UInt32(IN_IGNORED | IN_UNMOUNT) != 0 || (name == nil && mask & Self.selfGoneMask != 0) {
             // A watched directory went away or moved: resolve again.
             watch.close()
-            needsRearm = true
+            scheduleRearm()
             return
         }
+        // Entries of a watched directory that are not the path's are
+        // filtered here, without waking the flush.
         guard let name else { return }
         if mask & Self.nameChangeMask != 0, watch.names.contains(name) {
             touched = true
-            needsRearm = true
+            scheduleRearm()
         }
-        if mask & Self.contentMask != 0, name == watch.content {
+        if watch.entries || (mask & Self.contentMask != 0 && name == watch.content) {
             record(.modified)
+            scheduleFlush()
         }
-        if watch.entries {
-            record(.modified)
-        }
+    }
+
+    private func scheduleRearm() {
+        needsRearm = true
+        scheduleFlush()
     }
 
     /// Resolves the path again and records what changed about what it names.
@@ -363,9 +368,7 @@ final class FileWatchRunner: RunningSource {
         }
         var s: OpaquePointer?
         let r = sd_event_add_time(loop.handle, &s, CLOCK_MONOTONIC, now &+ delay, 1000, { _, _, ud in
-            let runner = Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue()
-            runner.needsRearm = true
-            runner.scheduleFlush()
+            Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue().scheduleRearm()
             return 0
         }, Unmanaged.passUnretained(self).toOpaque())
         if r >= 0 {
@@ -419,5 +422,80 @@ final class FileWatchRunner: RunningSource {
         retryTimer?.close(); retryTimer = nil
         flush?.close(); flush = nil
         pending = []
+    }
+}
+
+/// The loop's inotify watches on directories, one sd-event source per
+/// directory inode shared by every file watch that needs it (`/`, `/etc`...).
+/// sd-event recomputes an inode's mask over all of its sources at each add,
+/// so one source per watch on a shared directory would make starting n
+/// watches cost n². Owned by the driver; the loop thread only.
+final class DirectoryWatches {
+    struct Key: Hashable { let device: UInt64; let inode: UInt64 }
+
+    /// One watched directory and the runners' watches on it.
+    final class Entry {
+        unowned let table: DirectoryWatches
+        let key: Key
+        var source: EventSource?
+        var watches: [ObjectIdentifier: FileWatchRunner.Watch] = [:]
+        init(_ table: DirectoryWatches, _ key: Key) {
+            self.table = table
+            self.key = key
+        }
+        func remove(_ watch: FileWatchRunner.Watch) {
+            watches.removeValue(forKey: ObjectIdentifier(watch))
+            if watches.isEmpty { table.drop(self) }
+        }
+    }
+
+    private let loop: EventLoop
+    private var entries: [Key: Entry] = [:]
+
+    init(loop: EventLoop) { self.loop = loop }
+
+    /// How many directories are watched (tests).
+    var count: Int { entries.count }
+
+    func add(_ watch: FileWatchRunner.Watch, fd: Int32, path: String) -> Result<Entry, SourceFailure> {
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { return .failure(SystemdError("stat \(path)", errno: errno).failure) }
+        let key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
+        if let e = entries[key] {
+            e.watches[ObjectIdentifier(watch)] = watch
+            return .success(e)
+        }
+        let e = Entry(self, key)
+        var s: OpaquePointer?
+        let r = sd_event_add_inotify_fd(loop.handle, &s, fd, FileWatchRunner.mask, { _, event, ud in
+            guard let event, let ud else { return 0 }
+            Unmanaged<Entry>.fromOpaque(ud).takeUnretainedValue().table.dispatch(ud, event)
+            return 0
+        }, Unmanaged.passUnretained(e).toOpaque())
+        guard r >= 0 else { return .failure(SystemdError("inotify_add_watch \(path)", errno: -r).failure) }
+        e.source = EventSource(s!)
+        e.watches[ObjectIdentifier(watch)] = watch
+        entries[key] = e
+        return .success(e)
+    }
+
+    private func dispatch(_ ud: UnsafeMutableRawPointer, _ event: UnsafePointer<inotify_event>) {
+        let e = Unmanaged<Entry>.fromOpaque(ud).takeUnretainedValue()
+        let mask = event.pointee.mask
+        let name = CSystemd_inotify_event_name(event).map { String(cString: $0) }
+        if mask & UInt32(IN_IGNORED | IN_UNMOUNT) != 0 {
+            // The kernel dropped the watch: a later add must make a new one.
+            if entries[e.key] === e { entries.removeValue(forKey: e.key) }
+        }
+        // A handler may close watches (its own or, through a stop, others').
+        for w in Array(e.watches.values) where w.isOpen {
+            w.runner.handle(w, mask, name)
+        }
+    }
+
+    fileprivate func drop(_ e: Entry) {
+        e.source?.close()
+        e.source = nil
+        if entries[e.key] === e { entries.removeValue(forKey: e.key) }
     }
 }

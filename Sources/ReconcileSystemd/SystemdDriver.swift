@@ -19,6 +19,8 @@ public final class SystemdDriver: Driver {
     private var wakeSource: EventSource?
     private var wakeChannel: WakeChannel?
     private var inotifyKeeper: EventSource?
+    /// The file watches' shared directory watches (see `DirectoryWatches`).
+    lazy var directoryWatches = DirectoryWatches(loop: loop)
 
     /// A driver for sources on `loop`.
     public init(loop: EventLoop, logger: Logger = Logger()) {
