@@ -157,6 +157,32 @@ extension SystemdTests {
             try h.run(until: { events(h) == [.deleted, .created] })
         }
 
+        @Test func watchesSharingDirectoriesKeepWorkingWhenOneStops() throws {
+            defer { removeTree(dir) }
+            try writeFile(dir + "/a.conf", "a")
+            try writeFile(dir + "/b.conf", "b")
+            // Both watches look names up in `/`, the temporary directories
+            // and `dir`: one shared inotify source each on this loop.
+            let h = try Harness(TwoWatches(a: dir + "/a.conf", b: dir + "/b.conf"))
+            append(dir + "/a.conf")
+            append(dir + "/b.conf")
+            try h.run(until: { h.runtime.model.a == [.modified] && h.runtime.model.b == [.modified] })
+            try h.runtime.send(.dropA)
+            try h.run(for: .milliseconds(10))
+            append(dir + "/a.conf")
+            append(dir + "/b.conf")
+            try h.run(until: { h.runtime.model.b.count == 2 })
+            try h.run(for: .milliseconds(30))
+            #expect(h.runtime.model.a == [.modified])
+            #expect(h.runtime.model.b == [.modified, .modified])
+            // The remaining watch still sees its file replaced and deleted.
+            try writeFile(dir + "/b.tmp", "b2")
+            rename(dir + "/b.tmp", dir + "/b.conf")
+            unlink(dir + "/b.conf")
+            try h.run(until: { h.runtime.model.b.count == 3 })
+            #expect(h.runtime.model.b.last == .deleted)
+        }
+
         // MARK: Coalescing
 
         @Test func oneAppendWhoseWriterClosesLateIsOneModification() throws {
@@ -333,6 +359,29 @@ extension SystemdTests {
             sh("nsenter -t \(child.pid) -n ip link add veth0 type veth peer name veth1")
             let line = child.line(matching: { $0.contains("veth") })
             #expect(line?.contains("\"veth1\"") == true && line?.contains("\"veth0\"") == false)
+        }
+    }
+}
+
+/// Watches two paths; `dropA` stops the first watch.
+struct TwoWatches: Program {
+    let a: String
+    let b: String
+    struct Model: Equatable { var a: [FileWatchSource.Event] = []; var b: [FileWatchSource.Event] = []; var watchA = true }
+    enum Message: Sendable { case a(FileWatchSource.Event), b(FileWatchSource.Event), dropA }
+    func start() -> (Model, [Never]) { (Model(), []) }
+    func update(_ m: inout Model, _ message: Message) -> [Never] {
+        switch message {
+        case .a(let e): m.a.append(e)
+        case .b(let e): m.b.append(e)
+        case .dropA: m.watchA = false
+        }
+        return []
+    }
+    func subscriptions(_ m: Model) -> Subscriptions<Message> {
+        Subscriptions {
+            if m.watchA { Subscription.watch(a) { .a($0) } }
+            Subscription.watch(b) { .b($0) }
         }
     }
 }
