@@ -145,8 +145,8 @@ final class FileWatchRunner: RunningSource {
         var fresh: [Watch] = []
         let result = resolve(into: &fresh)
         // The new watches are in place before the old ones go: a directory
-        // in both keeps its inotify watch descriptor (sd-event shares it per
-        // inode), so no event on it falls between the two.
+        // in both keeps its shared source and inotify watch descriptor
+        // (`DirectoryWatches`), so no event on it falls between the two.
         let old = watches
         switch result {
         case .success:
