@@ -133,7 +133,8 @@ public struct Indicator: Program {
                 Subscription.every(.seconds(60), key: "since", leeway: .seconds(1)) { _ in .minute }
             }
             if let path = configPath, !once {
-                Subscription.watch(path) { .configChanged($0) }
+                // `.exists` once armed: read after the watch is in place.
+                Subscription.watch(path, reportExisting: true) { .configChanged($0) }
                 if model.configPending {
                     let phase = model.configPhase
                     Subscription.debounce("config", phase: phase, after: Self.configQuiet) { _ in .configQuiet(phase) }

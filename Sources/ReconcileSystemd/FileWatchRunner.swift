@@ -2,77 +2,118 @@ import CSystemd
 import Glibc
 import Reconcile
 
+/// `O_PATH` (`<fcntl.h>` declares it only under `_GNU_SOURCE`; the same
+/// value on x86-64 and arm64).
+private let O_PATH: Int32 = 0o10_000_000
+
 extension FileWatchSource: SystemdSource {
     /// Arms inotify watches for `configuration` on the context's loop.
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
         context.driver.keepInotifyOpen()
-        return try FileWatchRunner(ticket: ticket, configuration: configuration, loop: context.loop)
+        return try FileWatchRunner(ticket: ticket, configuration: configuration, loop: context.loop,
+                                   directories: context.driver.directoryWatches)
     }
 }
 
-/// Watches one path through inotify on the loop.
+/// Watches one path, as named, through inotify on the loop.
 ///
-/// The parent directory is watched and filtered by name (so atomic replace
-/// and re-creation are seen); a directory path is also watched itself for its
-/// entries; a followed symlink also gets a watch on its target. A missing
-/// directory is waited for by watching the nearest existing ancestor. Changes
-/// seen within one loop dispatch are coalesced and emitted by a lower-priority
-/// deferred source.
+/// The path is resolved one component at a time, the way the kernel does,
+/// and every directory a name is looked up in is watched *before* the name
+/// is looked up (through an `O_PATH` descriptor, so the watch is on exactly
+/// that directory): no change after that can go unseen. A change of any
+/// looked-up name (created, deleted, moved, a symlink re-pointed) resolves
+/// the path again and compares what it names now with what it named before;
+/// the difference is the event (`created`, `deleted`, `replaced`). Writes to
+/// the file are seen on its directory, filtered by name (`IN_CLOSE_WRITE`,
+/// `IN_ATTRIB`); a directory is also watched for its entries.
+///
+/// Events seen within one loop dispatch are coalesced and emitted by a
+/// lower-priority deferred source, after the inotify events of that dispatch.
+/// A watch that cannot be armed (EACCES, ENOSPC, EMFILE) reports `.failed`
+/// once and retries with a bounded backoff; once armed again it reports the
+/// path's state (`.exists`, or `.deleted` if it existed before).
 final class FileWatchRunner: RunningSource {
-    /// Which inotify watch an event came from.
-    enum Role { case parent, target, ancestor }
-
-    /// One inotify source and its role; the sd-event userdata.
+    /// What one runner wants of one watched directory; a subscriber of the
+    /// loop's shared `DirectoryWatches` entry for that directory.
     final class Watch {
         unowned let runner: FileWatchRunner
-        let role: Role
-        var source: EventSource?
-        init(_ runner: FileWatchRunner, _ role: Role) {
+        let path: String
+        /// Names of the path looked up in this directory: a change of one
+        /// re-resolves the path.
+        var names: Set<String> = []
+        /// The final name, when this directory holds the watched file: its
+        /// writes and attribute changes are modifications.
+        var content: String?
+        /// This directory is the watched path: its entries changing is a
+        /// modification.
+        var entries = false
+        var entry: DirectoryWatches.Entry?
+        init(_ runner: FileWatchRunner, _ path: String) {
             self.runner = runner
-            self.role = role
+            self.path = path
         }
+        var isOpen: Bool { entry != nil }
         func close() {
-            source?.close()
-            source = nil
+            entry?.remove(self)
+            entry = nil
         }
     }
 
+    /// What the path names.
+    enum Target: Equatable {
+        case missing
+        case found(device: UInt64, inode: UInt64)
+    }
+
+    /// The first retry after a failure, and the longest wait between retries.
+    static let firstRetryMicroseconds: UInt64 = 100_000
+    static let maximumRetryMicroseconds: UInt64 = 10_000_000
+    /// Symlinks followed in one resolution before the path is taken to name
+    /// nothing (the kernel's limit, `ELOOP`).
+    static let maximumLinks = 40
+
     private let ticket: SourceTicket
     private let loop: EventLoop
+    private let directories: DirectoryWatches
     private let path: String
-    private let parent: String
-    private let name: String
+    private let components: [String]
     private let follow: Bool
 
-    private var parentWatch: Watch?
-    private var targetWatch: Watch?
-    private var ancestorWatch: Watch?
+    private var watches: [Watch] = []
     private var flush: EventSource?
-    private var exists = false
+    private var retryTimer: EventSource?
+    private var retryDelay = FileWatchRunner.firstRetryMicroseconds
+    /// What the path named when last resolved.
+    private var target = Target.missing
+    /// The failure reported for the current failed episode, if any.
+    private var failure: SourceFailure?
+    private var failureToReport: SourceFailure?
     private var pending: [FileWatchSource.Event] = []
     private var needsRearm = false
-    private var armed = false
+    /// A looked-up name changed since the last resolution.
+    private var touched = false
 
-    private static let parentMask = UInt32(IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CLOSE_WRITE
-        | IN_MODIFY | IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
-    private static let directoryMask = UInt32(IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CLOSE_WRITE
-        | IN_ATTRIB | IN_ONLYDIR)
-    private static let targetMask = UInt32(IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB)
-    private static let ancestorMask = UInt32(IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
-    private static let goneMask = UInt32(IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)
+    /// The one inotify mask of every file watch source (and of the driver's
+    /// idle watch on `/`). sd-event shares a kernel watch per inode, ORs the
+    /// masks of its sources and never narrows it when one goes; in libsystemd
+    /// 252 an event that no remaining source on the inode asks for is never
+    /// taken out of its read buffer, and the loop spins on it for ever. So
+    /// every source asks for every event any of them may cause, and filters.
+    static let mask = UInt32(IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CLOSE_WRITE | IN_ATTRIB
+        | IN_DELETE_SELF | IN_MOVE_SELF)
+    private static let nameChangeMask = UInt32(IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE)
+    private static let contentMask = UInt32(IN_CLOSE_WRITE | IN_ATTRIB)
+    private static let selfGoneMask = UInt32(IN_DELETE_SELF | IN_MOVE_SELF)
 
-    init(ticket: SourceTicket, configuration c: FileWatchSource.Configuration, loop: EventLoop) throws {
+    init(ticket: SourceTicket, configuration c: FileWatchSource.Configuration, loop: EventLoop, directories: DirectoryWatches) throws {
         self.ticket = ticket
         self.loop = loop
+        self.directories = directories
         guard c.path.hasPrefix("/") else {
             throw SourceFailure(operation: "watch \(c.path)", code: EINVAL, reason: "the path must be absolute")
         }
-        var p = c.path
-        while p.count > 1 && p.hasSuffix("/") { p.removeLast() }
-        path = p
-        let slash = p.lastIndex(of: "/")!
-        parent = slash == p.startIndex ? "/" : String(p[..<slash])
-        name = String(p[p.index(after: slash)...])
+        path = c.path
+        components = c.path.split(separator: "/").map(String.init)
         follow = c.symlinks == .follow
         var s: OpaquePointer?
         try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in
@@ -83,132 +124,196 @@ final class FileWatchRunner: RunningSource {
         // Run after this iteration's inotify events have been handed out.
         sd_event_source_set_priority(s, Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
         sd_event_source_set_enabled(s, Int32(SD_EVENT_OFF))
-        do {
-            try arm()
-        } catch {
-            stop()
-            throw error
+        // Armed now, so that nothing after the start goes unseen.
+        switch resolveAndWatch() {
+        case .success(let t):
+            target = t
+            if c.reportExisting, t != .missing {
+                record(.exists)
+                scheduleFlush()
+            }
+        case .failure(let f):
+            fail(f)
+            scheduleFlush()
         }
     }
 
-    // MARK: Arming
+    // MARK: Resolution
 
-    /// Sets up the watches for the file system as it is now and records what
-    /// changed about the path's existence. Throws only what the program must
-    /// hear about (permission denied, watch limits).
-    private func arm() throws(SystemdError) {
-        closeWatches()
-        needsRearm = false
-        let existed = exists
-        do {
-            parentWatch = try addWatch(parent, Self.parentMask, .parent)
-        } catch where error.errno == ENOENT || error.errno == ENOTDIR {
-            exists = false
-            if existed { record(.deleted) }
-            armed = true
-            try waitForAncestor()
-            return
+    /// Resolves the path from `/`, watching each directory before a name is
+    /// looked up in it, and replaces the current watches with the new ones.
+    private func resolveAndWatch() -> Result<Target, SourceFailure> {
+        var fresh: [Watch] = []
+        let result = resolve(into: &fresh)
+        // The new watches are in place before the old ones go: a directory
+        // in both keeps its shared source and inotify watch descriptor
+        // (`DirectoryWatches`), so no event on it falls between the two.
+        let old = watches
+        switch result {
+        case .success:
+            watches = fresh
+        case .failure:
+            for w in fresh { w.close() }
+            watches = []
         }
-        exists = pathExists()
-        armTarget()
-        if armed && exists != existed { record(exists ? .created : .deleted) }
-        armed = true
+        for w in old { w.close() }
+        return result
     }
 
-    /// A directory path is watched for its entries; a followed symlink for its
-    /// target's changes. Best effort: the parent watch still sees the name.
-    private func armTarget() {
-        targetWatch?.close(); targetWatch = nil
-        guard exists else { return }
-        var st = stat()
-        guard lstat(path, &st) == 0 else { return }
-        let type = st.st_mode & S_IFMT
-        if type == S_IFDIR {
-            targetWatch = try? addWatch(path, Self.directoryMask, .target)
-        } else if type == S_IFLNK && follow {
-            targetWatch = try? addWatch(path, isDirectory(path) ? Self.directoryMask : Self.targetMask, .target)
-        }
-    }
+    private func resolve(into fresh: inout [Watch]) -> Result<Target, SourceFailure> {
+        var dir = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
+        guard dir >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
+        defer { close(dir) }
+        var dirPath = "/"
+        var byPath: [String: Watch] = [:]
 
-    private func waitForAncestor() throws(SystemdError) {
-        var dir = parent
-        while dir != "/" {
-            let slash = dir.lastIndex(of: "/")!
-            dir = slash == dir.startIndex ? "/" : String(dir[..<slash])
-            do {
-                ancestorWatch = try addWatch(dir, Self.ancestorMask, .ancestor)
-                break
-            } catch where (error.errno == ENOENT || error.errno == ENOTDIR) && dir != "/" {
+        /// The watch on directory `fd` (at `p`), added once per resolution.
+        func watch(_ fd: Int32, _ p: String) -> Result<Watch, SourceFailure> {
+            if let w = byPath[p] { return .success(w) }
+            let result = addWatch(fd, p)
+            if case .success(let w) = result {
+                byPath[p] = w
+                fresh.append(w)
+            }
+            return result
+        }
+        var rest = Array(components.reversed())
+        var links = 0
+
+        func enter(_ fd: Int32, _ p: String) {
+            close(dir)
+            dir = fd
+            dirPath = p
+        }
+
+        while let name = rest.popLast() {
+            if name == "." { continue }
+            if name == ".." {
+                let up = openat(dir, "..", O_PATH | O_DIRECTORY | O_CLOEXEC)
+                guard up >= 0 else { return .failure(SystemdError("open \(dirPath)/..", errno: errno).failure) }
+                enter(up, Self.parent(of: dirPath))
                 continue
             }
+            // Watch the directory before the name is looked up in it.
+            let here: Watch
+            switch watch(dir, dirPath) {
+            case .success(let w): here = w
+            case .failure(let f): return .failure(f)
+            }
+            here.names.insert(name)
+            let entryPath = Self.join(dirPath, name)
+            let fd = openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)
+            if fd < 0 {
+                let e = errno
+                // Not there (yet): the watch on `dir` sees it appear.
+                if e == ENOENT || e == ENOTDIR { return .success(.missing) }
+                return .failure(SystemdError("open \(entryPath)", errno: e).failure)
+            }
+            var st = stat()
+            guard fstat(fd, &st) == 0 else {
+                let e = errno
+                close(fd)
+                return .failure(SystemdError("stat \(entryPath)", errno: e).failure)
+            }
+            let type = st.st_mode & S_IFMT
+            let last = rest.allSatisfy { $0 == "." }
+            if type == S_IFLNK && (!last || follow) {
+                links += 1
+                let link = links <= Self.maximumLinks ? Self.readLink(fd) : nil
+                close(fd)
+                // A loop or an unreadable link names nothing; the watches so
+                // far see it change.
+                guard let link else { return .success(.missing) }
+                rest.append(contentsOf: link.split(separator: "/").map(String.init).reversed())
+                if link.hasPrefix("/") {
+                    let root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
+                    guard root >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
+                    enter(root, "/")
+                }
+                continue
+            }
+            if last {
+                defer { close(fd) }
+                // Writes to the file are seen on its directory, by name.
+                here.content = name
+                if type == S_IFDIR {
+                    switch watch(fd, entryPath) {
+                    case .success(let w): w.entries = true
+                    case .failure(let f): return .failure(f)
+                    }
+                }
+                return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
+            }
+            guard type == S_IFDIR else {
+                // A file where a directory is needed: the path names nothing.
+                close(fd)
+                return .success(.missing)
+            }
+            enter(fd, entryPath)
         }
-        // The directories may have appeared before the watch was in place.
-        if isDirectory(parent) { scheduleRearm() }
+        // The path is `/`, or ends in `..`: the final object is `dir`.
+        var st = stat()
+        guard fstat(dir, &st) == 0 else { return .failure(SystemdError("stat \(dirPath)", errno: errno).failure) }
+        switch watch(dir, dirPath) {
+        case .success(let w): w.entries = true
+        case .failure(let f): return .failure(f)
+        }
+        return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
     }
 
-    private func addWatch(_ path: String, _ mask: UInt32, _ role: Role) throws(SystemdError) -> Watch {
-        let watch = Watch(self, role)
-        var s: OpaquePointer?
-        let m = follow || role != .parent ? mask : mask | UInt32(IN_DONT_FOLLOW)
-        try check("sd_event_add_inotify \(path)", sd_event_add_inotify(loop.handle, &s, path, m, { _, event, ud in
-            guard let event, let ud else { return 0 }
-            let watch = Unmanaged<Watch>.fromOpaque(ud).takeUnretainedValue()
-            watch.runner.handle(watch, event.pointee.mask, CSystemd_inotify_event_name(event).map { String(cString: $0) })
-            return 0
-        }, Unmanaged.passUnretained(watch).toOpaque()))
-        watch.source = EventSource(s!)
-        return watch
+    private func addWatch(_ fd: Int32, _ path: String) -> Result<Watch, SourceFailure> {
+        let watch = Watch(self, path)
+        switch directories.add(watch, fd: fd, path: path) {
+        case .success(let entry):
+            watch.entry = entry
+            return .success(watch)
+        case .failure(let f):
+            return .failure(f)
+        }
+    }
+
+    private static func readLink(_ fd: Int32) -> String? {
+        var buffer = [UInt8](repeating: 0, count: Int(PATH_MAX))
+        let n = buffer.withUnsafeMutableBytes { readlinkat(fd, "", $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count) }
+        guard n > 0 else { return nil }
+        return String(decoding: buffer[..<n], as: UTF8.self)
+    }
+
+    private static func join(_ dir: String, _ name: String) -> String { dir == "/" ? "/" + name : dir + "/" + name }
+
+    private static func parent(of p: String) -> String {
+        guard let slash = p.lastIndex(of: "/"), slash != p.startIndex else { return "/" }
+        return String(p[..<slash])
     }
 
     // MARK: Events
 
-    private func handle(_ watch: Watch, _ mask: UInt32, _ entry: String?) {
-        guard watch.source != nil else { return }
-        defer { scheduleFlush() }
+    fileprivate func handle(_ watch: Watch, _ mask: UInt32, _ name: String?) {
+        guard watch.isOpen, flush != nil else { return }
         if mask & UInt32(IN_Q_OVERFLOW) != 0 {
             // Events were lost on this loop's inotify queue: say so, then
-            // look at the file system again.
+            // resolve the path again.
             record(.rescan)
             scheduleRearm()
             return
         }
-        switch watch.role {
-        case .parent:
-            if entry == nil, mask & Self.goneMask != 0 {
-                // The parent directory itself went away.
-                watch.close()
-                scheduleRearm()
-                return
-            }
-            guard entry == name else { return }
-            if mask & UInt32(IN_CREATE | IN_MOVED_TO) != 0 {
-                record(exists ? .replaced : .created)
-                exists = true
-                armTarget()
-            } else if mask & UInt32(IN_DELETE | IN_MOVED_FROM) != 0 {
-                if exists { record(.deleted) }
-                exists = false
-                targetWatch?.close(); targetWatch = nil
-            } else if mask & UInt32(IN_CLOSE_WRITE | IN_MODIFY | IN_ATTRIB) != 0 {
-                record(.modified)
-            }
-        case .target:
-            if mask & Self.goneMask != 0 {
-                watch.close()
-                return
-            }
-            record(.modified)
-        case .ancestor:
+        if mask & UInt32(IN_IGNORED | IN_UNMOUNT) != 0 || (name == nil && mask & Self.selfGoneMask != 0) {
+            // A watched directory went away or moved: resolve again.
+            watch.close()
+            scheduleRearm()
+            return
+        }
+        // Entries of a watched directory that are not the path's are
+        // filtered here, without waking the flush.
+        guard let name else { return }
+        if mask & Self.nameChangeMask != 0, watch.names.contains(name) {
+            touched = true
             scheduleRearm()
         }
-    }
-
-    private func record(_ event: FileWatchSource.Event) {
-        // Coalesce: one of each kind per flush; a creation or replacement
-        // already says "read it again", so a modification adds nothing.
-        if event == .modified, pending.contains(where: { $0 == .created || $0 == .replaced || $0 == .modified }) { return }
-        if let last = pending.last, last == event { return }
-        pending.append(event)
+        if watch.entries || (mask & Self.contentMask != 0 && name == watch.content) {
+            record(.modified)
+            scheduleFlush()
+        }
     }
 
     private func scheduleRearm() {
@@ -216,54 +321,182 @@ final class FileWatchRunner: RunningSource {
         scheduleFlush()
     }
 
+    /// Resolves the path again and records what changed about what it names.
+    private func rearm() {
+        needsRearm = false
+        let wasTouched = touched
+        touched = false
+        let before = target
+        switch resolveAndWatch() {
+        case .success(let now):
+            target = now
+            if failure != nil {
+                // Armed again after a failure: say what is there now (any
+                // change in between went unseen).
+                failure = nil
+                retryDelay = Self.firstRetryMicroseconds
+                if now != .missing {
+                    record(.exists)
+                } else if before != .missing {
+                    record(.deleted)
+                }
+                return
+            }
+            switch (before, now) {
+            case (.missing, .found): record(.created)
+            case (.found, .missing): record(.deleted)
+            case (.found, .found) where before != now || wasTouched: record(.replaced)
+            default: break
+            }
+        case .failure(let f):
+            fail(f)
+        }
+    }
+
+    /// Enters (or stays in) the failed state: reports a new failure once,
+    /// and retries after the current backoff.
+    private func fail(_ f: SourceFailure) {
+        if failure != f { failureToReport = f }
+        failure = f
+        let delay = retryDelay
+        retryDelay = min(retryDelay * 2, Self.maximumRetryMicroseconds)
+        var now: UInt64 = 0
+        sd_event_now(loop.handle, CLOCK_MONOTONIC, &now)
+        if let t = retryTimer?.handle {
+            sd_event_source_set_time(t, now &+ delay)
+            sd_event_source_set_enabled(t, Int32(SD_EVENT_ONESHOT))
+            return
+        }
+        var s: OpaquePointer?
+        let r = sd_event_add_time(loop.handle, &s, CLOCK_MONOTONIC, now &+ delay, 1000, { _, _, ud in
+            Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue().scheduleRearm()
+            return 0
+        }, Unmanaged.passUnretained(self).toOpaque())
+        if r >= 0 {
+            retryTimer = EventSource(s!)
+        } else {
+            failureToReport = SystemdError("sd_event_add_time (file watch retry)", errno: -r).failure
+        }
+    }
+
+    private func record(_ event: FileWatchSource.Event) {
+        // Coalesce: a creation, replacement, "exists" or rescan already says
+        // "read it again", so a modification next to one adds nothing.
+        switch event {
+        case .modified:
+            if pending.contains(where: { $0 != .deleted }) { return }
+        case .created, .replaced, .exists, .rescan:
+            pending.removeAll { $0 == .modified }
+        case .deleted, .failed:
+            break
+        }
+        if let last = pending.last, last == event { return }
+        pending.append(event)
+    }
+
     private func scheduleFlush() {
         if let h = flush?.handle { sd_event_source_set_enabled(h, Int32(SD_EVENT_ONESHOT)) }
     }
 
     private func flushPending() {
-        if needsRearm {
-            do {
-                try arm()
-            } catch {
-                emit(pending)
-                pending = []
-                ticket.fail(error.failure)
-                return
-            }
-        }
+        if needsRearm { rearm() }
         let events = pending
         pending = []
-        emit(events)
-    }
-
-    private func emit(_ events: [FileWatchSource.Event]) {
+        let failed = failureToReport
+        failureToReport = nil
         for e in events {
             guard flush != nil else { return }   // stopped by an earlier event's update
             ticket.emit(e)
         }
-    }
-
-    private func pathExists() -> Bool {
-        var st = stat()
-        return follow ? stat(path, &st) == 0 : lstat(path, &st) == 0
-    }
-
-    private func isDirectory(_ p: String) -> Bool {
-        var st = stat()
-        return stat(p, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR
+        if let failed, flush != nil { ticket.fail(failed) }
     }
 
     func retune(to configuration: AnyHashable) throws {}
 
     private func closeWatches() {
-        parentWatch?.close(); parentWatch = nil
-        targetWatch?.close(); targetWatch = nil
-        ancestorWatch?.close(); ancestorWatch = nil
+        for w in watches { w.close() }
+        watches = []
     }
 
     func stop() {
         closeWatches()
+        retryTimer?.close(); retryTimer = nil
         flush?.close(); flush = nil
         pending = []
+    }
+}
+
+/// The loop's inotify watches on directories, one sd-event source per
+/// directory inode shared by every file watch that needs it (`/`, `/etc`...).
+/// sd-event recomputes an inode's mask over all of its sources at each add,
+/// so one source per watch on a shared directory would make starting n
+/// watches cost n². Owned by the driver; the loop thread only.
+final class DirectoryWatches {
+    struct Key: Hashable { let device: UInt64; let inode: UInt64 }
+
+    /// One watched directory and the runners' watches on it.
+    final class Entry {
+        unowned let table: DirectoryWatches
+        let key: Key
+        var source: EventSource?
+        var watches: [ObjectIdentifier: FileWatchRunner.Watch] = [:]
+        init(_ table: DirectoryWatches, _ key: Key) {
+            self.table = table
+            self.key = key
+        }
+        func remove(_ watch: FileWatchRunner.Watch) {
+            watches.removeValue(forKey: ObjectIdentifier(watch))
+            if watches.isEmpty { table.drop(self) }
+        }
+    }
+
+    private let loop: EventLoop
+    private var entries: [Key: Entry] = [:]
+
+    init(loop: EventLoop) { self.loop = loop }
+
+    /// How many directories are watched (tests).
+    var count: Int { entries.count }
+
+    func add(_ watch: FileWatchRunner.Watch, fd: Int32, path: String) -> Result<Entry, SourceFailure> {
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { return .failure(SystemdError("stat \(path)", errno: errno).failure) }
+        let key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
+        if let e = entries[key] {
+            e.watches[ObjectIdentifier(watch)] = watch
+            return .success(e)
+        }
+        let e = Entry(self, key)
+        var s: OpaquePointer?
+        let r = sd_event_add_inotify_fd(loop.handle, &s, fd, FileWatchRunner.mask, { _, event, ud in
+            guard let event, let ud else { return 0 }
+            Unmanaged<Entry>.fromOpaque(ud).takeUnretainedValue().table.dispatch(ud, event)
+            return 0
+        }, Unmanaged.passUnretained(e).toOpaque())
+        guard r >= 0 else { return .failure(SystemdError("inotify_add_watch \(path)", errno: -r).failure) }
+        e.source = EventSource(s!)
+        e.watches[ObjectIdentifier(watch)] = watch
+        entries[key] = e
+        return .success(e)
+    }
+
+    private func dispatch(_ ud: UnsafeMutableRawPointer, _ event: UnsafePointer<inotify_event>) {
+        let e = Unmanaged<Entry>.fromOpaque(ud).takeUnretainedValue()
+        let mask = event.pointee.mask
+        let name = CSystemd_inotify_event_name(event).map { String(cString: $0) }
+        if mask & UInt32(IN_IGNORED | IN_UNMOUNT) != 0 {
+            // The kernel dropped the watch: a later add must make a new one.
+            if entries[e.key] === e { entries.removeValue(forKey: e.key) }
+        }
+        // A handler may close watches (its own or, through a stop, others').
+        for w in Array(e.watches.values) where w.isOpen {
+            w.runner.handle(w, mask, name)
+        }
+    }
+
+    fileprivate func drop(_ e: Entry) {
+        e.source?.close()
+        e.source = nil
+        if entries[e.key] === e { entries.removeValue(forKey: e.key) }
     }
 }

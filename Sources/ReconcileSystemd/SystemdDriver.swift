@@ -20,6 +20,8 @@ public final class SystemdDriver: Driver {
     private var wakeSource: EventSource?
     private var wakeChannel: WakeChannel?
     private var inotifyKeeper: EventSource?
+    /// The file watches' shared directory watches (see `DirectoryWatches`).
+    lazy var directoryWatches = DirectoryWatches(loop: loop)
 
     /// A driver for sources on `loop`.
     public init(loop: EventLoop, logger: Logger = Logger()) {
@@ -92,11 +94,13 @@ public final class SystemdDriver: Driver {
 
     /// sd-event closes its inotify fd when the last watch goes, and closing
     /// an inotify fd waits for an RCU grace period (about a millisecond): a
-    /// watch that never fires keeps the fd while the driver is attached.
+    /// watch that never fires keeps the fd while the driver is attached. It
+    /// shares `/` with file watches, so it asks for their mask (see
+    /// `FileWatchRunner.mask`).
     func keepInotifyOpen() {
         guard inotifyKeeper == nil else { return }
         var s: OpaquePointer?
-        if sd_event_add_inotify(loop.handle, &s, "/", UInt32(IN_DELETE_SELF), { _, _, _ in 0 }, nil) >= 0 {
+        if sd_event_add_inotify(loop.handle, &s, "/", FileWatchRunner.mask, { _, _, _ in 0 }, nil) >= 0 {
             inotifyKeeper = EventSource(s!)
         }
     }

@@ -7,13 +7,14 @@ import Testing
 struct Watcher: Program {
     let path: String
     var symlinks: FileWatchSource.Symlinks = .follow
+    var reportExisting = false
     func start() -> ([FileWatchSource.Event], [Never]) { ([], []) }
     func update(_ m: inout [FileWatchSource.Event], _ e: FileWatchSource.Event) -> [Never] {
         m.append(e)
         return []
     }
     func subscriptions(_ m: [FileWatchSource.Event]) -> Subscriptions<FileWatchSource.Event> {
-        Subscriptions { Subscription.watch(path, symlinks: symlinks) { $0 } }
+        Subscriptions { Subscription.watch(path, symlinks: symlinks, reportExisting: reportExisting) { $0 } }
     }
 }
 

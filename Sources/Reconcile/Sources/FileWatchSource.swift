@@ -1,16 +1,20 @@
 /// Watches one path (a file or a directory) for changes.
 ///
-/// A missing path is waited for, through missing parent directories, as
-/// systemd path units do. Atomic replace by `rename` is seen. Deletion and
-/// re-creation are events; the watch re-arms when the path returns.
+/// The path is watched *as named*, like a systemd path unit: every directory
+/// on the way is watched, so a missing path is waited for, and a renamed,
+/// replaced or re-pointed directory or symlink on the way makes the watch
+/// follow what the path names now. Atomic replace by `rename` is seen.
+/// Deletion and re-creation are events. A watch that cannot be armed reports
+/// `.failed` once and retries by itself with a bounded backoff.
 public enum FileWatchSource: Source {
     /// `file`.
     public static let name = "file"
 
-    /// What to do when the path is a symbolic link.
+    /// What to do when the path's last component is a symbolic link.
+    /// Symlinks among the directories on the way are always followed.
     public enum Symlinks: String, Hashable, Sendable {
-        /// Watch what the link points to, as it is when the watch is armed
-        /// (the default). Re-pointing the link itself is seen as a replace.
+        /// Watch what the link points to (the default). Re-pointing the link,
+        /// or replacing anything on the way to its target, is a `.replaced`.
         case follow
         /// Watch the link itself, never its target.
         case noFollow
@@ -20,33 +24,52 @@ public enum FileWatchSource: Source {
     public struct Configuration: Hashable, Sendable, CustomStringConvertible {
         /// The absolute path watched.
         public var path: String
-        /// The symlink policy.
+        /// The symlink policy for the last component.
         public var symlinks: Symlinks
+        /// Whether the first event says that the path exists (`.exists`) when
+        /// it does as the watch is armed, so that a program reads a file
+        /// only after its watch is in place (systemd's `PathExists=`).
+        public var reportExisting: Bool
 
         /// A watch on the absolute `path`, following symlinks unless told otherwise.
-        public init(path: String, symlinks: Symlinks = .follow) {
+        public init(path: String, symlinks: Symlinks = .follow, reportExisting: Bool = false) {
             self.path = path
             self.symlinks = symlinks
+            self.reportExisting = reportExisting
         }
 
-        /// The path, with `(no-follow)` when symlinks are not followed.
-        public var description: String { symlinks == .follow ? path : "\(path) (no-follow)" }
+        /// The path, with its flags (`no-follow`, `report-existing`) when set.
+        public var description: String {
+            var flags: [String] = []
+            if symlinks == .noFollow { flags.append("no-follow") }
+            if reportExisting { flags.append("report-existing") }
+            return flags.isEmpty ? path : "\(path) (\(flags.joined(separator: ", ")))"
+        }
     }
 
-    /// What a file watch reports. Changes within one loop dispatch are
-    /// coalesced into one event.
+    /// What a file watch reports. Changes seen within one loop dispatch are
+    /// coalesced: at most one of each kind, and no `.modified` next to an
+    /// event that already says "read it again".
     public enum Event: Equatable, Sendable {
+        /// The path exists as the watch is armed: the first event of a watch
+        /// with `reportExisting`, and the first event after a failed watch
+        /// is armed again. Read the path now.
+        case exists
         /// The path appeared (created, moved in, or its directory came back).
         case created
-        /// The file's contents or a directory's entries changed.
+        /// A writer closed the file after writing (`IN_CLOSE_WRITE`), its
+        /// attributes changed, or a watched directory's entries changed.
         case modified
-        /// The path was atomically replaced (`rename` over it).
+        /// The path names a different file than before: `rename` over it, or
+        /// a symlink or directory on the way re-pointed or replaced.
         case replaced
-        /// The path is gone (deleted, moved away, or its directory removed).
+        /// The path is gone (deleted, moved away, or a directory on the way removed).
         case deleted
         /// Events were lost (inotify queue overflow): re-read the path.
         case rescan
         /// The watch cannot be armed (permission denied, watch limit reached).
+        /// The source retries with a bounded backoff and reports `.exists`
+        /// (or `.deleted`) once it is armed again.
         case failed(SourceFailure)
     }
 
@@ -57,17 +80,19 @@ public enum FileWatchSource: Source {
 extension Subscription {
     /// A watch on `path`, keyed by the path unless `key` is given.
     public static func watch(
-        _ path: String, symlinks: FileWatchSource.Symlinks = .follow,
+        _ path: String, symlinks: FileWatchSource.Symlinks = .follow, reportExisting: Bool = false,
         _ tag: @escaping (FileWatchSource.Event) -> Message
     ) -> Subscription {
-        Subscription(FileWatchSource.self, key: path, configuration: .init(path: path, symlinks: symlinks), tag: tag)
+        Subscription(FileWatchSource.self, key: path,
+                     configuration: .init(path: path, symlinks: symlinks, reportExisting: reportExisting), tag: tag)
     }
 
     /// A watch on `path` keyed by `key` (changing the path restarts the watch).
     public static func watch<Key: Hashable & Sendable>(
-        _ path: String, key: Key, symlinks: FileWatchSource.Symlinks = .follow,
+        _ path: String, key: Key, symlinks: FileWatchSource.Symlinks = .follow, reportExisting: Bool = false,
         _ tag: @escaping (FileWatchSource.Event) -> Message
     ) -> Subscription {
-        Subscription(FileWatchSource.self, key: key, configuration: .init(path: path, symlinks: symlinks), tag: tag)
+        Subscription(FileWatchSource.self, key: key,
+                     configuration: .init(path: path, symlinks: symlinks, reportExisting: reportExisting), tag: tag)
     }
 }
