@@ -83,7 +83,9 @@ final class GroupMemo {
     var input: InputBox?
     /// Maps the group's messages to its parent's (nil: the same type).
     var forward: ((Any) -> Any)?
-    var order: ContiguousArray<ActiveSource> = []
+    /// The entries in desired order, unretained: the active table holds
+    /// them, and an entry leaves every order before it leaves the table.
+    var order: ContiguousArray<Unmanaged<ActiveSource>> = []
     var children: [GroupKey: GroupMemo] = [:]
     /// Entries claimed by this group and its nested groups.
     var subtreeCount = 0
@@ -94,7 +96,7 @@ final class GroupMemo {
     var cursor = 0
     var placed = 0
     var building = false
-    var newOrder: ContiguousArray<ActiveSource> = []
+    var newOrder: ContiguousArray<Unmanaged<ActiveSource>> = []
     var visited = 0
 
     init(key: GroupKey?, parent: GroupMemo?) {
@@ -191,7 +193,7 @@ final class ReconcileEngine {
     private var duplicates: [SubscriptionID] = []
     private var current: GroupMemo
     private var forwards: [(Any) -> Any] = []
-    private var scans: [(memo: GroupMemo, order: ContiguousArray<ActiveSource>)] = []
+    private var scans: [(memo: GroupMemo, order: ContiguousArray<Unmanaged<ActiveSource>>)] = []
     private var vanished: [GroupMemo] = []
     private var changes = 0
     private var notPure: [String] = []
@@ -247,66 +249,113 @@ final class ReconcileEngine {
 
     private func walkItems(_ items: UnsafeBufferPointer<SubscriptionCore>) {
         let memo = current
-        for d in items {
-            var found: ActiveSource?
+        for i in items.indices {
+            // Entries are read unretained (the table holds them) and the
+            // desired subscription is borrowed in place: a kept subscription
+            // costs no reference counting unless its tagger changed.
+            var found: Unmanaged<ActiveSource>?
             if memo.cursor < memo.order.count {
                 let e = memo.order[memo.cursor]
-                if e.id == d.id {
+                if e._withUnsafeGuaranteedRef({ Self.sameID($0.id, items[i].id) }) {
                     found = e
                     memo.cursor += 1
                 }
             }
-            if found == nil, let e = table.find(d.id) {
-                found = e
+            if found == nil, let e = table.find(items[i].id) {
+                found = Unmanaged.passUnretained(e)
                 if e.memo === memo && e.epoch != epoch { memo.cursor = e.position + 1 }
             }
-            guard let e = found else {
-                let fresh = makeEntry(d, memo)
-                table.insert(fresh)
-                records.starts.append((fresh, d.configurationBox))
-                place(fresh, replacing: nil, in: memo)
+            guard let u = found else {
+                start(items[i], in: memo)
                 continue
             }
-            if e.epoch == epoch || (e.memo !== memo && isSkipped(e.memo)) {
-                duplicates.append(d.id)
-                continue
+            let kept = u._withUnsafeGuaranteedRef { e -> Bool in
+                guard e.epoch != epoch else { return false }
+                guard e.memo === memo else { return false }
+                guard Self.sameBox(e.configurationBox, items[i].configurationBox) else { return false }
+                e.epoch = epoch
+                if Unmanaged.passUnretained(e.tagger).toOpaque() != Unmanaged.passUnretained(items[i].tagger).toOpaque() {
+                    e.tagger = items[i].tagger
+                }
+                return true
             }
-            e.epoch = epoch
-            if e.memo !== memo {
-                markTaken(from: e.memo)
-                e.memo = memo
-            }
-            if e.configurationBox === d.configurationBox || e.configurationBox.isEqual(d.configurationBox) {
-                if e.tagger !== d.tagger { e.tagger = d.tagger }
-                kept += 1
-                place(e, replacing: nil, in: memo)
-            } else if !e.hasFailed && e.source.canRetune(e.configurationBox, d.configurationBox) {
-                records.retunes.append((e, e.configurationBox, d.configurationBox))
-                e.configurationBox = d.configurationBox
-                e.tagger = d.tagger
-                place(e, replacing: nil, in: memo)
+            if kept {
+                self.kept += 1
+                place(u, replacing: nil, in: memo)
             } else {
-                let fresh = makeEntry(d, memo)
-                table.replace(e, with: fresh)
-                records.restarts.append((e, fresh, d.configurationBox))
-                place(fresh, replacing: e, in: memo)
+                claim(u.takeUnretainedValue(), items[i], in: memo)
             }
+        }
+    }
+
+    @inline(__always)
+    private static func sameID(_ a: borrowing SubscriptionID, _ b: borrowing SubscriptionID) -> Bool {
+        a.cachedHash == b.cachedHash && a.kind.type == b.kind.type && sameBox(a.keyBox, b.keyBox)
+    }
+
+    /// Box equality on unretained references (both are held by their
+    /// owners for the duration): no reference counting around the call.
+    @inline(__always)
+    private static func sameBox(_ a: HashableBox, _ b: HashableBox) -> Bool {
+        let ua = Unmanaged.passUnretained(a), ub = Unmanaged.passUnretained(b)
+        if ua.toOpaque() == ub.toOpaque() { return true }
+        return ua._withUnsafeGuaranteedRef { a in ub._withUnsafeGuaranteedRef { b in a.isEqual(b) } }
+    }
+
+    private func start(_ d: SubscriptionCore, in memo: GroupMemo) {
+        let fresh = makeEntry(d, memo)
+        table.insert(fresh)
+        records.starts.append((fresh, d.configurationBox))
+        place(.passUnretained(fresh), replacing: nil, in: memo)
+    }
+
+    /// The slow path of a found entry: duplicate, taken from another group,
+    /// changed configuration.
+    private func claim(_ e: ActiveSource, _ d: SubscriptionCore, in memo: GroupMemo) {
+        if e.epoch == epoch || (e.memo !== memo && isSkipped(e.memo)) {
+            duplicates.append(d.id)
+            return
+        }
+        e.epoch = epoch
+        if e.memo !== memo {
+            markTaken(from: e.memo)
+            e.memo = memo
+        }
+        if Self.sameBox(e.configurationBox, d.configurationBox) {
+            if e.tagger !== d.tagger { e.tagger = d.tagger }
+            kept += 1
+            place(.passUnretained(e), replacing: nil, in: memo)
+        } else if !e.hasFailed && e.source.canRetune(e.configurationBox, d.configurationBox) {
+            records.retunes.append((e, e.configurationBox, d.configurationBox))
+            e.configurationBox = d.configurationBox
+            e.tagger = d.tagger
+            place(.passUnretained(e), replacing: nil, in: memo)
+        } else {
+            let fresh = makeEntry(d, memo)
+            table.replace(e, with: fresh)
+            records.restarts.append((e, fresh, d.configurationBox))
+            place(.passUnretained(fresh), replacing: e, in: memo)
         }
     }
 
     /// Puts `entry` at the next position of `memo`'s new order; while that
     /// order equals the old one, nothing is written.
     @inline(__always)
-    private func place(_ entry: ActiveSource, replacing old: ActiveSource?, in memo: GroupMemo) {
+    private func place(_ entry: Unmanaged<ActiveSource>, replacing old: ActiveSource?, in memo: GroupMemo) {
         let i = memo.placed
         memo.placed = i + 1
         if !memo.building {
-            if i < memo.order.count && memo.order[i] === (old ?? entry) {
-                if old != nil {
-                    memo.order[i] = entry
-                    entry.position = i
+            if i < memo.order.count {
+                let there = memo.order[i].toOpaque()
+                if let old {
+                    if there == Unmanaged.passUnretained(old).toOpaque() {
+                        memo.order[i] = entry
+                        entry._withUnsafeGuaranteedRef { $0.position = i }
+                        return
+                    }
+                } else if there == entry.toOpaque() {
+                    return
                 }
-                return
             }
             startBuilding(memo, upTo: i)
         }
@@ -383,7 +432,7 @@ final class ReconcileEngine {
             memo.newOrder = []
             memo.building = false
             memo.order.withUnsafeBufferPointer { order in
-                for i in order.indices { order[i].position = i }
+                for i in order.indices { order[i]._withUnsafeGuaranteedRef { $0.position = i } }
             }
         }
         var count = memo.order.count
@@ -428,7 +477,10 @@ final class ReconcileEngine {
         guard !scans.isEmpty else { return }
         var stops: [ActiveSource] = []
         for (memo, order) in scans {
-            for e in order where e.memo === memo && e.epoch != epoch { stops.append(e) }
+            for u in order {
+                let e = u.takeUnretainedValue()
+                if e.memo === memo && e.epoch != epoch { stops.append(e) }
+            }
         }
         scans.removeAll(keepingCapacity: true)
         for memo in vanished {
@@ -505,7 +557,7 @@ struct EntryTable {
     private var mask = -1
     private(set) var count = 0
 
-    func find(_ id: SubscriptionID) -> ActiveSource? {
+    func find(_ id: borrowing SubscriptionID) -> ActiveSource? {
         guard count > 0 else { return nil }
         return slots.withUnsafeBufferPointer { slots in
             var i = id.cachedHash & mask
