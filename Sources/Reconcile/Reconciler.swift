@@ -89,6 +89,11 @@ final class GroupMemo {
     var children: [GroupKey: GroupMemo] = [:]
     /// Entries claimed by this group and its nested groups.
     var subtreeCount = 0
+    /// Duplicates seen in this group's last build (nested groups included):
+    /// such a group is always built, since whether its copies lose depends
+    /// on the other groups.
+    var ownDuplicates = 0
+    var subtreeDuplicates = 0
     var walkEpoch: UInt64 = 0
     var skipEpoch: UInt64 = 0
     var rebuildEpoch: UInt64 = 0
@@ -314,6 +319,7 @@ final class ReconcileEngine {
     private func claim(_ e: ActiveSource, _ d: SubscriptionCore, in memo: GroupMemo) {
         if e.epoch == epoch || (e.memo !== memo && isSkipped(e.memo)) {
             duplicates.append(d.id)
+            memo.ownDuplicates += 1
             return
         }
         e.epoch = epoch
@@ -384,7 +390,8 @@ final class ReconcileEngine {
         }
         parent.visited += 1
         memo.forward = composedForward()
-        let same = found != nil && memo.rebuildEpoch != epoch && memo.input.map { $0.isEqual(node.input) } == true
+        let same = found != nil && memo.rebuildEpoch != epoch && memo.subtreeDuplicates == 0
+            && memo.input.map { $0.isEqual(node.input) } == true
         memo.walkEpoch = epoch
         if same && !verifiesGroups {
             memo.skipEpoch = epoch
@@ -421,6 +428,7 @@ final class ReconcileEngine {
         memo.placed = 0
         memo.building = false
         memo.visited = 0
+        memo.ownDuplicates = 0
         current = memo
     }
 
@@ -443,8 +451,13 @@ final class ReconcileEngine {
                 vanish(child)
             }
         }
-        for child in memo.children.values { count += child.subtreeCount }
+        var duplicates = memo.ownDuplicates
+        for child in memo.children.values {
+            count += child.subtreeCount
+            duplicates += child.subtreeDuplicates
+        }
         memo.subtreeCount = count
+        memo.subtreeDuplicates = duplicates
     }
 
     private func vanish(_ memo: GroupMemo) {
