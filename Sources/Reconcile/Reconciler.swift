@@ -80,13 +80,18 @@ final class ActiveSource: SourceTicket {
 final class GroupMemo {
     let key: GroupKey?
     let parent: GroupMemo?
-    var input: InputBox?
+    /// The group as last given (its key and input).
+    var node: GroupIdentity?
     /// Maps the group's messages to its parent's (nil: the same type).
     var forward: ((Any) -> Any)?
     /// The entries in desired order, unretained: the active table holds
     /// them, and an entry leaves every order before it leaves the table.
     var order: ContiguousArray<Unmanaged<ActiveSource>> = []
     var children: [GroupKey: GroupMemo] = [:]
+    /// The nested groups in the order last walked, for positional lookup.
+    var childOrder: [GroupMemo] = []
+    var newChildOrder: [GroupMemo] = []
+    var childCursor = 0
     /// Entries claimed by this group and its nested groups.
     var subtreeCount = 0
     /// Duplicates seen in this group's last build (nested groups included):
@@ -378,10 +383,21 @@ final class ReconcileEngine {
     private func walkGroup<M>(_ node: GroupNode<M>) {
         let parent = current
         var key = node.key
-        var found = parent.children[key]
-        while let m = found, m.walkEpoch == epoch {
-            key.occurrence += 1
+        var found: GroupMemo?
+        // Positional first: groups usually come in the same order.
+        if parent.childCursor < parent.childOrder.count {
+            let m = parent.childOrder[parent.childCursor]
+            if let k = m.key, k == key, m.walkEpoch != epoch {
+                found = m
+                parent.childCursor += 1
+            }
+        }
+        if found == nil {
             found = parent.children[key]
+            while let m = found, m.walkEpoch == epoch {
+                key.occurrence += 1
+                found = parent.children[key]
+            }
         }
         let memo: GroupMemo
         if let found { memo = found } else {
@@ -389,16 +405,17 @@ final class ReconcileEngine {
             parent.children[key] = memo
         }
         parent.visited += 1
+        parent.newChildOrder.append(memo)
         memo.forward = composedForward()
         let same = found != nil && memo.rebuildEpoch != epoch && memo.subtreeDuplicates == 0
-            && memo.input.map { $0.isEqual(node.input) } == true
+            && memo.node.map { $0.inputEquals(node) } == true
         memo.walkEpoch = epoch
         if same && !verifiesGroups {
             memo.skipEpoch = epoch
             kept += memo.subtreeCount
             return
         }
-        memo.input = node.input
+        memo.node = node
         let saved = forwards
         forwards = []
         let before = changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count
@@ -408,7 +425,7 @@ final class ReconcileEngine {
         current = parent
         forwards = saved
         if same && before != changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count {
-            notPure.append("\(key.box.hashable)")
+            notPure.append(key.node.keyDescription)
         }
     }
 
@@ -429,6 +446,8 @@ final class ReconcileEngine {
         memo.building = false
         memo.visited = 0
         memo.ownDuplicates = 0
+        memo.childCursor = 0
+        memo.newChildOrder.removeAll(keepingCapacity: true)
         current = memo
     }
 
@@ -443,6 +462,8 @@ final class ReconcileEngine {
                 for i in order.indices { order[i]._withUnsafeGuaranteedRef { $0.position = i } }
             }
         }
+        swap(&memo.childOrder, &memo.newChildOrder)
+        memo.newChildOrder.removeAll(keepingCapacity: true)
         var count = memo.order.count
         if memo.visited != memo.children.count {
             changes += 1
@@ -499,6 +520,8 @@ final class ReconcileEngine {
         for memo in vanished {
             memo.order = []
             memo.children = [:]
+            memo.childOrder = []
+            memo.newChildOrder = []
         }
         vanished.removeAll()
         guard !stops.isEmpty else { return }
@@ -531,6 +554,8 @@ final class ReconcileEngine {
         func clear(_ memo: GroupMemo) {
             for child in memo.children.values { clear(child) }
             memo.children = [:]
+            memo.childOrder = []
+            memo.newChildOrder = []
             memo.order = []
             memo.newOrder = []
             memo.subtreeCount = 0

@@ -191,7 +191,7 @@ extension Subscriptions {
         _ key: Key, _ input: Input,
         @SubscriptionsBuilder<Message> _ body: @escaping (Input) -> Subscriptions<Message>
     ) -> Subscriptions<Message> {
-        Subscriptions(parts: [.group(TypedGroupNode(key: key, input: input, body: body))])
+        Subscriptions(parts: [.group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: body))])
     }
 }
 
@@ -211,62 +211,86 @@ extension Subscriptions {
     }
 }
 
-/// A group's key: a hashable value with its hash cached, and which occurrence
-/// of that key among its siblings it is.
+/// A group's key as the reconciler looks it up: the node that carries it
+/// (typed comparison, no boxing), its cached hash, and which occurrence of
+/// that key among its siblings it is.
 struct GroupKey: Hashable {
-    let box: HashableBox
+    let node: GroupIdentity
     let cachedHash: Int
     var occurrence = 0
 
     static func == (a: GroupKey, b: GroupKey) -> Bool {
-        a.cachedHash == b.cachedHash && a.occurrence == b.occurrence && (a.box === b.box || a.box.isEqual(b.box))
+        a.cachedHash == b.cachedHash && a.occurrence == b.occurrence && (a.node === b.node || a.node.keyEquals(b.node))
     }
     func hash(into hasher: inout Hasher) { hasher.combine(cachedHash) }
 }
 
-/// An equatable value in a box, compared without a dynamic cast.
-class InputBox {
-    func isEqual(_ other: InputBox) -> Bool { fatalError("InputBox.isEqual: abstract") }
+/// A group as given, without its message type: key and input, compared typed.
+@usableFromInline class GroupIdentity {
+    func keyEquals(_ other: GroupIdentity) -> Bool { fatalError("GroupIdentity.keyEquals: abstract") }
+    func inputEquals(_ other: GroupIdentity) -> Bool { fatalError("GroupIdentity.inputEquals: abstract") }
+    var keyDescription: String { fatalError("GroupIdentity.keyDescription: abstract") }
 }
 
-final class TypedInputBox<T: Equatable>: InputBox {
-    let value: T
-    init(_ value: T) { self.value = value }
-    override func isEqual(_ other: InputBox) -> Bool {
-        guard ObjectIdentifier(type(of: other)) == ObjectIdentifier(type(of: self)) else { return false }
-        return value == unsafeDowncast(other, to: TypedInputBox<T>.self).value
-    }
-}
-
-/// A memoized group as given: its key, its input, and how to build it.
-@usableFromInline class GroupNode<Message> {
-    let key: GroupKey
-    let input: InputBox
-
-    init(key: GroupKey, input: InputBox) {
-        self.key = key
-        self.input = input
-    }
-
+/// A memoized group as given: its key, its input, and how to build it (one
+/// object per group and reconcile).
+@usableFromInline class GroupNode<Message>: GroupIdentity {
+    /// The key with its hash (set by the typed subclass).
+    var key: GroupKey { fatalError("GroupNode.key: abstract") }
     /// The group's subscriptions, built now.
     func build() -> Subscriptions<Message> { fatalError("GroupNode.build: abstract") }
 }
 
-final class TypedGroupNode<Message, Input: Equatable>: GroupNode<Message> {
-    let body: (Input) -> Subscriptions<Message>
+final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>: GroupNode<Message> {
+    let keyValue: Key
     let value: Input
+    let body: (Input) -> Subscriptions<Message>
+    private var hashValue_: Int
 
-    init<Key: Hashable & Sendable>(key: Key, input: Input, body: @escaping (Input) -> Subscriptions<Message>) {
-        self.body = body
+    init(key: Key, input: Input, body: @escaping (Input) -> Subscriptions<Message>) {
+        self.keyValue = key
         self.value = input
+        self.body = body
         var h = Hasher()
         h.combine(ObjectIdentifier(Key.self))
         h.combine(key)
-        super.init(key: GroupKey(box: TypedHashableBox(key), cachedHash: h.finalize()), input: TypedInputBox(input))
+        hashValue_ = h.finalize()
     }
 
+    override var key: GroupKey { GroupKey(node: self, cachedHash: hashValue_) }
+
+    override func keyEquals(_ other: GroupIdentity) -> Bool {
+        if ObjectIdentifier(type(of: other)) == ObjectIdentifier(TypedGroupNode.self) {
+            return unsafeDowncast(other, to: TypedGroupNode.self).keyValue == keyValue
+        }
+        guard let o = other as? any TypedKeyed<Key> else { return false }
+        return o.keyValue == keyValue
+    }
+
+    override func inputEquals(_ other: GroupIdentity) -> Bool {
+        if ObjectIdentifier(type(of: other)) == ObjectIdentifier(TypedGroupNode.self) {
+            return unsafeDowncast(other, to: TypedGroupNode.self).value == value
+        }
+        guard let o = other as? any TypedInput<Input> else { return false }
+        return o.value == value
+    }
+
+    override var keyDescription: String { "\(keyValue)" }
     override func build() -> Subscriptions<Message> { body(value) }
 }
+
+/// Lets groups of different message types compare keys and inputs.
+protocol TypedKeyed<Key>: AnyObject {
+    associatedtype Key: Hashable
+    var keyValue: Key { get }
+}
+
+protocol TypedInput<Input>: AnyObject {
+    associatedtype Input: Equatable
+    var value: Input { get }
+}
+
+extension TypedGroupNode: TypedKeyed, TypedInput {}
 
 /// Groups of one message type seen as another (`Subscriptions.map`).
 @usableFromInline class MapNode<Message> {
