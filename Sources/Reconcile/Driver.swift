@@ -63,6 +63,10 @@ public class SourceTicket {
     public internal(set) var hasFailed = false
     /// Whether this activation handed out a poster (cross-thread events).
     var hasPoster = false
+    /// The reconciler's: the index in its group's order, a hint for its cursor
+    /// (a wrong one costs a table lookup, never a wrong plan; here it packs
+    /// with the flags above).
+    var position: UInt32 = 0
     /// The driver's own state for this activation (its running source), so a
     /// driver needs no table of its own. The runtime never reads it.
     public var driverState: AnyObject?

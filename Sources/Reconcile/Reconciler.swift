@@ -9,9 +9,7 @@ class OwnerLink {
 
 final class TypedOwnerLink<Message>: OwnerLink {
     weak var sink: (any MessageSink<Message>)?
-    unowned(unsafe) let root: GroupMemo
-
-    init(root: GroupMemo) { self.root = root }
+    unowned(unsafe) var root: GroupMemo!
 
     /// The message `source`'s tagger (and its group's mapping) makes of `event`.
     func message(for event: Any, from source: ActiveSource) -> Message? {
@@ -54,17 +52,15 @@ final class TypedOwnerLink<Message>: OwnerLink {
 /// on these without specialising on the message type.
 final class ActiveSource: SourceTicket {
     var tagger: TaggerBase
-    let link: OwnerLink
     /// The group that last claimed this identity (the root for plain parts).
     var memo: GroupMemo
     /// The reconcile pass that last claimed this identity.
     var epoch: UInt64 = 0
-    /// The index in its group's order (valid between reconciles).
-    var position = 0
+    /// Where events go (one link per reconciler, held by every group).
+    var link: OwnerLink { memo.link }
 
-    init(_ sub: SubscriptionCore, activation: Activation, link: OwnerLink, memo: GroupMemo) {
+    init(_ sub: SubscriptionCore, activation: Activation, memo: GroupMemo) {
         self.tagger = sub.tagger
-        self.link = link
         self.memo = memo
         super.init(activation: activation, id: sub.id, configurationBox: sub.configurationBox)
     }
@@ -80,6 +76,8 @@ final class ActiveSource: SourceTicket {
 final class GroupMemo {
     let key: GroupKey?
     let parent: GroupMemo?
+    /// The reconciler's owner link (entries reach it through their group).
+    let link: OwnerLink
     /// The group as last given (its key and input).
     var node: GroupIdentity?
     /// Maps the group's messages to its parent's (nil: the same type).
@@ -109,9 +107,16 @@ final class GroupMemo {
     var newOrder: ContiguousArray<Unmanaged<ActiveSource>> = []
     var visited = 0
 
-    init(key: GroupKey?, parent: GroupMemo?) {
+    init(key: GroupKey?, parent: GroupMemo) {
         self.key = key
         self.parent = parent
+        self.link = parent.link
+    }
+
+    init(link: OwnerLink) {
+        self.key = nil
+        self.parent = nil
+        self.link = link
     }
 
     /// `message` (of this group's type) mapped up to the runtime's type.
@@ -134,8 +139,9 @@ public final class Reconciler<Message> {
 
     /// An empty reconciler.
     public init() {
-        let root = GroupMemo(key: nil, parent: nil)
-        link = TypedOwnerLink(root: root)
+        link = TypedOwnerLink()
+        let root = GroupMemo(link: link)
+        link.root = root
         engine = ReconcileEngine(root: root, link: link)
     }
 
@@ -273,7 +279,7 @@ final class ReconcileEngine {
             }
             if found == nil, let e = table.find(items[i].id) {
                 found = Unmanaged.passUnretained(e)
-                if e.memo === memo && e.epoch != epoch { memo.cursor = e.position + 1 }
+                if e.memo === memo && e.epoch != epoch { memo.cursor = Int(e.position) + 1 }
             }
             guard let u = found else {
                 start(items[i], in: memo)
@@ -361,7 +367,7 @@ final class ReconcileEngine {
                 if let old {
                     if there == Unmanaged.passUnretained(old).toOpaque() {
                         memo.order[i] = entry
-                        entry._withUnsafeGuaranteedRef { $0.position = i }
+                        entry._withUnsafeGuaranteedRef { $0.position = UInt32(truncatingIfNeeded: i) }
                         return
                     }
                 } else if there == entry.toOpaque() {
@@ -459,7 +465,7 @@ final class ReconcileEngine {
             memo.newOrder = []
             memo.building = false
             memo.order.withUnsafeBufferPointer { order in
-                for i in order.indices { order[i]._withUnsafeGuaranteedRef { $0.position = i } }
+                for i in order.indices { order[i]._withUnsafeGuaranteedRef { $0.position = UInt32(truncatingIfNeeded: i) } }
             }
         }
         swap(&memo.childOrder, &memo.newChildOrder)
@@ -531,7 +537,7 @@ final class ReconcileEngine {
 
     private func makeEntry(_ sub: SubscriptionCore, _ memo: GroupMemo) -> ActiveSource {
         generation &+= 1
-        let entry = ActiveSource(sub, activation: Activation(generation: generation), link: link, memo: memo)
+        let entry = ActiveSource(sub, activation: Activation(generation: generation), memo: memo)
         entry.epoch = epoch
         return entry
     }
