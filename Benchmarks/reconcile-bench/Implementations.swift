@@ -84,7 +84,12 @@ final class PlanOnly: Reconciling {
 
     init(initial: DesiredSet) { reconciler.reconcile(initial.subscriptions) }
 
-    func reconcile(to set: DesiredSet) { steps &+= reconciler.reconcile(set.subscriptions).steps.count }
+    func reconcile(to set: DesiredSet) {
+        // The plan's public steps are built when read; reading them is not
+        // planning, so only cheap fields are touched.
+        let plan = reconciler.reconcile(set.subscriptions)
+        steps &+= plan.kept &+ plan.duplicates.count &+ (plan.isEmpty ? 0 : 1)
+    }
 }
 
 // MARK: Baselines

@@ -12,6 +12,10 @@ public enum Diagnostic: Equatable, CustomStringConvertible {
     case eventAfterStop(SubscriptionID, Activation)
     /// An event whose type is not the source's `Event` type; dropped.
     case eventTypeMismatch(SubscriptionID, String)
+    /// With `verifiesGroups`: the group with this key built different
+    /// subscriptions from an unchanged input (its body reads more than its
+    /// input, so skipping it would be wrong).
+    case groupDependsOnMoreThanInput(String)
 
     /// One sentence for a log line.
     public var description: String {
@@ -21,6 +25,7 @@ public enum Diagnostic: Equatable, CustomStringConvertible {
         case .lateDelivery(let id, let a): "late delivery from stopped \(id) \(a)"
         case .eventAfterStop(let id, let a): "driver emitted for stopped \(id) \(a); dropped"
         case .eventTypeMismatch(let id, let t): "event of type \(t) does not fit \(id); dropped"
+        case .groupDependsOnMoreThanInput(let key): "subscription group \(key) changed although its input did not"
         }
     }
 }

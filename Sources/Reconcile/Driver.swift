@@ -52,7 +52,7 @@ public class SourceTicket {
     /// The subscription's identity.
     public let id: SubscriptionID
     /// The source kind's type.
-    public let source: any Source.Type
+    public var source: any Source.Type { id.kind.source }
     /// The current configuration (updated before `Driver.retune`).
     public var configuration: AnyHashable { configurationBox.hashable }
     /// The same, in its typed box (compared and cast without allocation).
@@ -61,11 +61,19 @@ public class SourceTicket {
     public internal(set) var isActive = true
     /// True once the source has reported a failure.
     public internal(set) var hasFailed = false
+    /// Whether this activation handed out a poster (cross-thread events).
+    var hasPoster = false
+    /// The reconciler's: the index in its group's order, a hint for its cursor
+    /// (a wrong one costs a table lookup, never a wrong plan; here it packs
+    /// with the flags above).
+    var position: UInt32 = 0
+    /// The driver's own state for this activation (its running source), so a
+    /// driver needs no table of its own. The runtime never reads it.
+    public var driverState: AnyObject?
 
-    init(activation: Activation, id: SubscriptionID, source: any Source.Type, configurationBox: HashableBox) {
+    init(activation: Activation, id: SubscriptionID, configurationBox: HashableBox) {
         self.activation = activation
         self.id = id
-        self.source = source
         self.configurationBox = configurationBox
     }
 

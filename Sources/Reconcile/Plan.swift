@@ -35,22 +35,50 @@ public struct Plan: Equatable, CustomStringConvertible {
         }
     }
 
-    /// The driver work, in execution order.
-    public var steps: [Step] = []
+    /// The driver work, in execution order. Built when read: a reconcile
+    /// records its decisions compactly (entries and configuration boxes) and
+    /// allocates nothing per step.
+    public var steps: [Step] {
+        get { explicitSteps ?? records.steps }
+        set {
+            explicitSteps = newValue
+            records = PlanRecords()
+        }
+    }
     /// How many subscriptions were kept (no driver call).
     public var kept: Int = 0
     /// Identities given more than once in the desired set; the first won.
     public var duplicates: [SubscriptionID] = []
 
+    /// Groups that were built although their input was unchanged and whose
+    /// subscriptions differed from last time (only with
+    /// `Reconciler.verifiesGroups`): their output depends on more than their
+    /// input. Not part of equality.
+    public internal(set) var groupsNotPure: [String] = []
+
+    /// What the reconciler decided, in the form the runtime executes.
+    var records = PlanRecords()
+    private var explicitSteps: [Step]?
+
     /// A plan with `steps`, `kept` kept subscriptions and `duplicates` (tests build expected plans this way).
     public init(steps: [Step] = [], kept: Int = 0, duplicates: [SubscriptionID] = []) {
-        self.steps = steps
+        self.explicitSteps = steps.isEmpty ? nil : steps
+        self.kept = kept
+        self.duplicates = duplicates
+    }
+
+    init(records: PlanRecords, kept: Int, duplicates: [SubscriptionID]) {
+        self.records = records
         self.kept = kept
         self.duplicates = duplicates
     }
 
     /// True when the reconcile asked the driver for nothing.
-    public var isEmpty: Bool { steps.isEmpty }
+    public var isEmpty: Bool { explicitSteps?.isEmpty ?? records.isEmpty }
+
+    public static func == (a: Plan, b: Plan) -> Bool {
+        a.kept == b.kept && a.duplicates == b.duplicates && a.steps == b.steps
+    }
 
     /// The steps, the kept count and the duplicates, one per line.
     public var description: String {
@@ -58,5 +86,26 @@ public struct Plan: Equatable, CustomStringConvertible {
         lines.append("keep \(kept)")
         for d in duplicates { lines.append("duplicate \(d) (first wins)") }
         return lines.joined(separator: "\n")
+    }
+}
+
+/// A plan as the reconciler records it: the entries concerned and the
+/// configuration boxes at the time (an entry's box changes on a later retune).
+struct PlanRecords {
+    var stops: [ActiveSource] = []
+    var restarts: [(old: ActiveSource, new: ActiveSource, to: HashableBox)] = []
+    var retunes: [(source: ActiveSource, from: HashableBox, to: HashableBox)] = []
+    var starts: [(source: ActiveSource, configuration: HashableBox)] = []
+
+    var isEmpty: Bool { stops.isEmpty && restarts.isEmpty && retunes.isEmpty && starts.isEmpty }
+
+    var steps: [Plan.Step] {
+        var steps: [Plan.Step] = []
+        steps.reserveCapacity(stops.count + restarts.count + retunes.count + starts.count)
+        for s in stops { steps.append(.stop(s.id)) }
+        for r in restarts { steps.append(.restart(r.new.id, from: r.old.configurationBox.hashable, to: r.to.hashable)) }
+        for r in retunes { steps.append(.retune(r.source.id, from: r.from.hashable, to: r.to.hashable)) }
+        for s in starts { steps.append(.start(s.source.id, s.configuration.hashable)) }
+        return steps
     }
 }

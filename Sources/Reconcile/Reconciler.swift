@@ -1,82 +1,176 @@
-/// The active side of one subscription: a ticket plus what the reconciler and
-/// runtime need to route its events.
-final class ActiveSource<Message>: SourceTicket {
-    var tagger: Tagger<Message>
-    /// The reconcile pass that last claimed this identity.
-    var epoch: UInt64 = 0
-    /// Whether this activation handed out a poster (cross-thread events).
-    var hasPoster = false
-    weak var owner: (any MessageSink<Message>)?
+/// Where a runtime's messages go, seen from the entries (which are not
+/// generic over the message type): one link per reconciler, shared by all
+/// its entries.
+class OwnerLink {
+    func emit(_ event: Any, from source: ActiveSource) {}
+    func fail(_ failure: SourceFailure, from source: ActiveSource) {}
+    func poster(for source: ActiveSource) -> EventPoster { EventPoster(activation: source.activation) { _ in .closed } }
+}
 
-    init(_ sub: Subscription<Message>, activation: Activation, owner: (any MessageSink<Message>)?) {
-        self.tagger = sub.tagger
-        self.owner = owner
-        super.init(activation: activation, id: sub.id, source: sub.source, configurationBox: sub.configurationBox)
+final class TypedOwnerLink<Message>: OwnerLink {
+    weak var sink: (any MessageSink<Message>)?
+    unowned(unsafe) var root: GroupMemo!
+
+    /// The message `source`'s tagger (and its group's mapping) makes of `event`.
+    func message(for event: Any, from source: ActiveSource) -> Message? {
+        if source.memo === root { return unsafeDowncast(source.tagger, to: Tagger<Message>.self).tag(event) }
+        guard let m = source.tagger.tagAny(event) else { return nil }
+        return (source.memo.route(m) as! Message)
     }
 
-    override func emit(_ event: Any) {
-        guard let owner else { return }
-        guard isActive else { return owner.report(.eventAfterStop(id, activation)) }
-        guard let message = tagger.tag(event) else {
-            return owner.report(.eventTypeMismatch(id, String(describing: type(of: event))))
+    func message(for failure: SourceFailure, from source: ActiveSource) -> Message {
+        if source.memo === root { return unsafeDowncast(source.tagger, to: Tagger<Message>.self).fail(failure) }
+        return source.memo.route(source.tagger.failAny(failure)) as! Message
+    }
+
+    override func emit(_ event: Any, from source: ActiveSource) {
+        guard let sink else { return }
+        guard source.isActive else { return sink.report(.eventAfterStop(source.id, source.activation)) }
+        guard let message = message(for: event, from: source) else {
+            return sink.report(.eventTypeMismatch(source.id, String(describing: type(of: event))))
         }
-        owner.enqueue(message, from: self)
+        sink.enqueue(message, from: source)
     }
 
-    override func fail(_ failure: SourceFailure) {
-        guard let owner else { return }
-        guard isActive else { return owner.report(.eventAfterStop(id, activation)) }
-        hasFailed = true
-        owner.report(.sourceFailed(id, activation, failure))
-        owner.enqueue(tagger.fail(failure), from: self)
+    override func fail(_ failure: SourceFailure, from source: ActiveSource) {
+        guard let sink else { return }
+        guard source.isActive else { return sink.report(.eventAfterStop(source.id, source.activation)) }
+        source.hasFailed = true
+        sink.report(.sourceFailed(source.id, source.activation, failure))
+        sink.enqueue(message(for: failure, from: source), from: source)
     }
 
-    override func poster() -> EventPoster {
-        guard let owner else { return EventPoster(activation: activation) { _ in .closed } }
-        hasPoster = true
-        return owner.makePoster(for: self)
+    override func poster(for source: ActiveSource) -> EventPoster {
+        guard let sink else { return super.poster(for: source) }
+        source.hasPoster = true
+        return sink.makePoster(for: source)
     }
 }
 
-extension Source {
-    static func canRetune(_ old: AnyHashable, _ new: AnyHashable) -> Bool {
-        guard let a = old.base as? Configuration, let b = new.base as? Configuration else { return false }
-        return canRetune(from: a, to: b)
+/// The active side of one subscription: a ticket plus what the reconciler and
+/// runtime need to route its events. Not generic: the reconciler's loop works
+/// on these without specialising on the message type.
+final class ActiveSource: SourceTicket {
+    var tagger: TaggerBase
+    /// The group that last claimed this identity (the root for plain parts).
+    var memo: GroupMemo
+    /// The reconcile pass that last claimed this identity.
+    var epoch: UInt64 = 0
+    /// Where events go (one link per reconciler, held by every group).
+    var link: OwnerLink { memo.link }
+
+    init(_ sub: SubscriptionCore, activation: Activation, memo: GroupMemo) {
+        self.tagger = sub.tagger
+        self.memo = memo
+        super.init(activation: activation, id: sub.id, configurationBox: sub.configurationBox)
+    }
+
+    override func emit(_ event: Any) { link.emit(event, from: self) }
+    override func fail(_ failure: SourceFailure) { link.fail(failure, from: self) }
+    override func poster() -> EventPoster { link.poster(for: self) }
+}
+
+/// What the reconciler remembers of one group (and, as the root, of the
+/// plain parts of the whole set): the entries it claimed in order, its input,
+/// its nested groups, and the message mapping applied to its entries' events.
+final class GroupMemo {
+    let key: GroupKey?
+    let parent: GroupMemo?
+    /// The reconciler's owner link (entries reach it through their group).
+    let link: OwnerLink
+    /// The group as last given (its key and input).
+    var node: GroupIdentity?
+    /// Maps the group's messages to its parent's (nil: the same type).
+    var forward: ((Any) -> Any)?
+    /// The entries in desired order, unretained: the active table holds
+    /// them, and an entry leaves every order before it leaves the table.
+    var order: ContiguousArray<Unmanaged<ActiveSource>> = []
+    var children: [GroupKey: GroupMemo] = [:]
+    /// The nested groups in the order last walked, for positional lookup.
+    var childOrder: [GroupMemo] = []
+    var newChildOrder: [GroupMemo] = []
+    var childCursor = 0
+    /// Entries claimed by this group and its nested groups.
+    var subtreeCount = 0
+    /// Duplicates seen in this group's last build (nested groups included):
+    /// such a group is always built, since whether its copies lose depends
+    /// on the other groups.
+    var ownDuplicates = 0
+    var subtreeDuplicates = 0
+    var walkEpoch: UInt64 = 0
+    var skipEpoch: UInt64 = 0
+    var rebuildEpoch: UInt64 = 0
+    // The state of the walk in progress.
+    var cursor = 0
+    var placed = 0
+    var building = false
+    var newOrder: ContiguousArray<Unmanaged<ActiveSource>> = []
+    var visited = 0
+
+    init(key: GroupKey?, parent: GroupMemo) {
+        self.key = key
+        self.parent = parent
+        self.link = parent.link
+    }
+
+    init(link: OwnerLink) {
+        self.key = nil
+        self.parent = nil
+        self.link = link
+    }
+
+    /// `message` (of this group's type) mapped up to the runtime's type.
+    func route(_ message: Any) -> Any {
+        var m = message
+        var g: GroupMemo? = self
+        while let x = g {
+            if let f = x.forward { m = f(m) }
+            g = x.parent
+        }
+        return m
     }
 }
 
 /// The pure reconcile state machine: the active table and the decisions that
 /// move it to a desired set. It performs no driver call itself.
 public final class Reconciler<Message> {
-    /// What the runtime must do with the driver, in order.
-    struct Actions {
-        var stops: [ActiveSource<Message>] = []
-        var restarts: [(old: ActiveSource<Message>, new: ActiveSource<Message>)] = []
-        var retunes: [(source: ActiveSource<Message>, old: AnyHashable)] = []
-        var starts: [ActiveSource<Message>] = []
-    }
-
-    private(set) var active: [SubscriptionID: SourceTicket] = [:]
-    private var epoch: UInt64 = 0
-    private var generation: UInt64 = 0
-    weak var owner: (any MessageSink<Message>)?
+    let engine: ReconcileEngine
+    let link: TypedOwnerLink<Message>
 
     /// An empty reconciler.
-    public init() {}
-
-    /// The identities running now, in activation order.
-    public var activeIDs: [SubscriptionID] {
-        activeInOrder.map(\.id)
+    public init() {
+        link = TypedOwnerLink()
+        let root = GroupMemo(link: link)
+        link.root = root
+        engine = ReconcileEngine(root: root, link: link)
     }
 
+    deinit { engine.dismantle() }
+
+    var owner: (any MessageSink<Message>)? {
+        get { link.sink }
+        set { link.sink = newValue }
+    }
+
+    /// Debugging: build and diff groups whose input is unchanged too, and
+    /// report (`Plan.groupsNotPure`, `Diagnostic.groupDependsOnMoreThanInput`)
+    /// a group whose subscriptions changed although its input did not.
+    public var verifiesGroups: Bool {
+        get { engine.verifiesGroups }
+        set { engine.verifiesGroups = newValue }
+    }
+
+    /// The identities running now, in activation order.
+    public var activeIDs: [SubscriptionID] { engine.activeInOrder.map(\.id) }
+
     /// The number of running sources.
-    public var count: Int { active.count }
+    public var count: Int { engine.table.count }
 
     /// Moves the active table to `desired` and returns the plan (pure: tests
     /// and benchmarks use it without a driver).
     @discardableResult
     public func reconcile(_ desired: Subscriptions<Message>) -> Plan {
-        reconcile(desired.items).plan
+        engine.reconcile(desired)
     }
 
     /// The plan that moves a runtime whose active set is `current` to `desired`.
@@ -86,90 +180,505 @@ public final class Reconciler<Message> {
         return r.reconcile(desired)
     }
 
-    func reconcile(_ desired: [Subscription<Message>]) -> (plan: Plan, actions: Actions) {
-        epoch &+= 1
-        let epoch = self.epoch
-        var plan = Plan()
-        var actions = Actions()
-        var claimed = 0
-        for sub in desired {
-            if let found = active[sub.id] {
-                let entry = unsafeDowncast(found, to: ActiveSource<Message>.self)
-                if entry.epoch == epoch {
-                    plan.duplicates.append(sub.id)
-                    continue
-                }
-                entry.epoch = epoch
-                claimed += 1
-                if entry.configurationBox === sub.configurationBox || entry.configurationBox.isEqual(sub.configurationBox) {
-                    entry.tagger = sub.tagger
-                    plan.kept += 1
-                } else if !entry.hasFailed && entry.source.canRetune(entry.configuration, sub.configuration) {
-                    let old = entry.configuration
-                    entry.configurationBox = sub.configurationBox
-                    entry.tagger = sub.tagger
-                    actions.retunes.append((entry, old))
-                } else {
-                    let fresh = makeEntry(sub)
-                    active[sub.id] = fresh
-                    actions.restarts.append((entry, fresh))
-                }
-            } else {
-                let fresh = makeEntry(sub)
-                active[sub.id] = fresh
-                claimed += 1
-                actions.starts.append(fresh)
-            }
-        }
-        if claimed != active.count {
-            for found in active.values {
-                let entry = unsafeDowncast(found, to: ActiveSource<Message>.self)
-                if entry.epoch != epoch { actions.stops.append(entry) }
-            }
-            for entry in actions.stops { active[entry.id] = nil }
-            if actions.stops.count > 1 { actions.stops = Self.inActivationOrder(actions.stops) }
-        }
-        if !(actions.stops.isEmpty && actions.restarts.isEmpty && actions.retunes.isEmpty && actions.starts.isEmpty) {
-            plan.steps.reserveCapacity(actions.stops.count + actions.restarts.count + actions.retunes.count + actions.starts.count)
-            for s in actions.stops { plan.steps.append(.stop(s.id)) }
-            for r in actions.restarts { plan.steps.append(.restart(r.new.id, from: r.old.configuration, to: r.new.configuration)) }
-            for r in actions.retunes { plan.steps.append(.retune(r.source.id, from: r.old, to: r.source.configuration)) }
-            for s in actions.starts { plan.steps.append(.start(s.id, s.configuration)) }
-        }
-        return (plan, actions)
-    }
+    /// The message `source` makes of `event` (poster events).
+    func message(for event: Any, from source: ActiveSource) -> Message? { link.message(for: event, from: source) }
 
     /// Removes and returns every active source, in activation order (shutdown).
-    func removeAll() -> [ActiveSource<Message>] {
+    func removeAll() -> [ActiveSource] { engine.removeAll() }
+}
+
+/// The reconciler's machinery, not generic over the message type.
+///
+/// Each group (the root for the plain parts) keeps its entries in the order
+/// they were last desired. A desired subscription is first compared with the
+/// entry at the group's cursor (cached hash, kind, key box, then typed `==`);
+/// a match moves the cursor on, so unchanged and shifted runs need no table
+/// lookup. Only misses go to the table, which is keyed by the identity's
+/// cached hash. When a group's entries come out in the same order, it is not
+/// rewritten and nothing in it can have stopped.
+final class ReconcileEngine {
+    var table = EntryTable()
+    let root: GroupMemo
+    let link: OwnerLink
+    var verifiesGroups = false
+    private var epoch: UInt64 = 0
+    private var generation: UInt64 = 0
+    // Per reconcile.
+    private var records = PlanRecords()
+    private var kept = 0
+    private var duplicates: [SubscriptionID] = []
+    private var current: GroupMemo
+    private var forwards: [(Any) -> Any] = []
+    private var scans: [(memo: GroupMemo, order: ContiguousArray<Unmanaged<ActiveSource>>)] = []
+    private var vanished: [GroupMemo] = []
+    private var changes = 0
+    private var notPure: [String] = []
+
+    init(root: GroupMemo, link: OwnerLink) {
+        self.root = root
+        self.link = link
+        self.current = root
+    }
+
+    func reconcile<M>(_ desired: Subscriptions<M>) -> Plan {
+        precondition(MemoryLayout<Subscription<M>>.stride == MemoryLayout<SubscriptionCore>.stride)
+        epoch &+= 1
+        records = PlanRecords()
+        kept = 0
+        duplicates = []
+        notPure = []
+        begin(root)
+        walk(desired.parts)
+        finish(root)
+        collectStops()
+        var plan = Plan(records: records, kept: kept, duplicates: duplicates)
+        plan.groupsNotPure = notPure
+        records = PlanRecords()
+        duplicates = []
+        return plan
+    }
+
+    // MARK: Walking the desired set
+
+    func walk<M>(_ parts: [SubscriptionsPart<M>]) {
+        for part in parts {
+            switch part {
+            case .items(let items):
+                items.withUnsafeBufferPointer { buffer in
+                    guard let base = buffer.baseAddress else { return }
+                    let cores = UnsafeRawPointer(base).assumingMemoryBound(to: SubscriptionCore.self)
+                    walkItems(UnsafeBufferPointer(start: cores, count: buffer.count))
+                }
+            case .group(let node):
+                walkGroup(node)
+            case .mapped(let node):
+                node.walk(self)
+            }
+        }
+    }
+
+    func walk<M>(_ parts: [SubscriptionsPart<M>], forward: @escaping (Any) -> Any) {
+        forwards.append(forward)
+        walk(parts)
+        forwards.removeLast()
+    }
+
+    private func walkItems(_ items: UnsafeBufferPointer<SubscriptionCore>) {
+        let memo = current
+        for i in items.indices {
+            // Entries are read unretained (the table holds them) and the
+            // desired subscription is borrowed in place: a kept subscription
+            // costs no reference counting unless its tagger changed.
+            var found: Unmanaged<ActiveSource>?
+            if memo.cursor < memo.order.count {
+                let e = memo.order[memo.cursor]
+                if e._withUnsafeGuaranteedRef({ Self.sameID($0.id, items[i].id) }) {
+                    found = e
+                    memo.cursor += 1
+                }
+            }
+            if found == nil, let e = table.find(items[i].id) {
+                found = Unmanaged.passUnretained(e)
+                if e.memo === memo && e.epoch != epoch { memo.cursor = Int(e.position) + 1 }
+            }
+            guard let u = found else {
+                start(items[i], in: memo)
+                continue
+            }
+            let kept = u._withUnsafeGuaranteedRef { e -> Bool in
+                guard e.epoch != epoch else { return false }
+                guard e.memo === memo else { return false }
+                guard Self.sameBox(e.configurationBox, items[i].configurationBox) else { return false }
+                e.epoch = epoch
+                if Unmanaged.passUnretained(e.tagger).toOpaque() != Unmanaged.passUnretained(items[i].tagger).toOpaque() {
+                    e.tagger = items[i].tagger
+                }
+                return true
+            }
+            if kept {
+                self.kept += 1
+                place(u, replacing: nil, in: memo)
+            } else {
+                claim(u.takeUnretainedValue(), items[i], in: memo)
+            }
+        }
+    }
+
+    @inline(__always)
+    private static func sameID(_ a: borrowing SubscriptionID, _ b: borrowing SubscriptionID) -> Bool {
+        a.cachedHash == b.cachedHash && a.kind.type == b.kind.type && sameBox(a.keyBox, b.keyBox)
+    }
+
+    /// Box equality on unretained references (both are held by their
+    /// owners for the duration): no reference counting around the call.
+    @inline(__always)
+    private static func sameBox(_ a: HashableBox, _ b: HashableBox) -> Bool {
+        let ua = Unmanaged.passUnretained(a), ub = Unmanaged.passUnretained(b)
+        if ua.toOpaque() == ub.toOpaque() { return true }
+        return ua._withUnsafeGuaranteedRef { a in ub._withUnsafeGuaranteedRef { b in a.isEqual(b) } }
+    }
+
+    private func start(_ d: SubscriptionCore, in memo: GroupMemo) {
+        let fresh = makeEntry(d, memo)
+        table.insert(fresh)
+        records.starts.append((fresh, d.configurationBox))
+        place(.passUnretained(fresh), replacing: nil, in: memo)
+    }
+
+    /// The slow path of a found entry: duplicate, taken from another group,
+    /// changed configuration.
+    private func claim(_ e: ActiveSource, _ d: SubscriptionCore, in memo: GroupMemo) {
+        if e.epoch == epoch || (e.memo !== memo && isSkipped(e.memo)) {
+            duplicates.append(d.id)
+            memo.ownDuplicates += 1
+            return
+        }
+        e.epoch = epoch
+        if e.memo !== memo {
+            markTaken(from: e.memo)
+            e.memo = memo
+        }
+        if Self.sameBox(e.configurationBox, d.configurationBox) {
+            if e.tagger !== d.tagger { e.tagger = d.tagger }
+            kept += 1
+            place(.passUnretained(e), replacing: nil, in: memo)
+        } else if !e.hasFailed && e.source.canRetune(e.configurationBox, d.configurationBox) {
+            records.retunes.append((e, e.configurationBox, d.configurationBox))
+            e.configurationBox = d.configurationBox
+            e.tagger = d.tagger
+            place(.passUnretained(e), replacing: nil, in: memo)
+        } else {
+            let fresh = makeEntry(d, memo)
+            table.replace(e, with: fresh)
+            records.restarts.append((e, fresh, d.configurationBox))
+            place(.passUnretained(fresh), replacing: e, in: memo)
+        }
+    }
+
+    /// Puts `entry` at the next position of `memo`'s new order; while that
+    /// order equals the old one, nothing is written.
+    @inline(__always)
+    private func place(_ entry: Unmanaged<ActiveSource>, replacing old: ActiveSource?, in memo: GroupMemo) {
+        let i = memo.placed
+        memo.placed = i + 1
+        if !memo.building {
+            if i < memo.order.count {
+                let there = memo.order[i].toOpaque()
+                if let old {
+                    if there == Unmanaged.passUnretained(old).toOpaque() {
+                        memo.order[i] = entry
+                        entry._withUnsafeGuaranteedRef { $0.position = UInt32(truncatingIfNeeded: i) }
+                        return
+                    }
+                } else if there == entry.toOpaque() {
+                    return
+                }
+            }
+            startBuilding(memo, upTo: i)
+        }
+        memo.newOrder.append(entry)
+    }
+
+    private func startBuilding(_ memo: GroupMemo, upTo count: Int) {
+        memo.building = true
+        changes += 1
+        memo.newOrder = ContiguousArray(memo.order[0..<count])
+        memo.newOrder.reserveCapacity(max(memo.order.count, count + 1))
+    }
+
+    private func walkGroup<M>(_ node: GroupNode<M>) {
+        let parent = current
+        var key = node.key
+        var found: GroupMemo?
+        // Positional first: groups usually come in the same order.
+        if parent.childCursor < parent.childOrder.count {
+            let m = parent.childOrder[parent.childCursor]
+            if let k = m.key, k == key, m.walkEpoch != epoch {
+                found = m
+                parent.childCursor += 1
+            }
+        }
+        if found == nil {
+            found = parent.children[key]
+            while let m = found, m.walkEpoch == epoch {
+                key.occurrence += 1
+                found = parent.children[key]
+            }
+        }
+        let memo: GroupMemo
+        if let found { memo = found } else {
+            memo = GroupMemo(key: key, parent: parent)
+            parent.children[key] = memo
+        }
+        parent.visited += 1
+        parent.newChildOrder.append(memo)
+        memo.forward = composedForward()
+        let same = found != nil && memo.rebuildEpoch != epoch && memo.subtreeDuplicates == 0
+            && memo.node.map { $0.inputEquals(node) } == true
+        memo.walkEpoch = epoch
+        if same && !verifiesGroups {
+            memo.skipEpoch = epoch
+            kept += memo.subtreeCount
+            return
+        }
+        memo.node = node
+        let saved = forwards
+        forwards = []
+        let before = changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count
+        begin(memo)
+        walk(node.build().parts)
+        finish(memo)
+        current = parent
+        forwards = saved
+        if same && before != changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count {
+            notPure.append(key.node.keyDescription)
+        }
+    }
+
+    private func composedForward() -> ((Any) -> Any)? {
+        switch forwards.count {
+        case 0: return nil
+        case 1: return forwards[0]
+        default:
+            let chain = Array(forwards.reversed())
+            return { m in chain.reduce(m) { $1($0) } }
+        }
+    }
+
+    private func begin(_ memo: GroupMemo) {
+        memo.walkEpoch = epoch
+        memo.cursor = 0
+        memo.placed = 0
+        memo.building = false
+        memo.visited = 0
+        memo.ownDuplicates = 0
+        memo.childCursor = 0
+        memo.newChildOrder.removeAll(keepingCapacity: true)
+        current = memo
+    }
+
+    private func finish(_ memo: GroupMemo) {
+        if !memo.building && memo.placed != memo.order.count { startBuilding(memo, upTo: memo.placed) }
+        if memo.building {
+            scans.append((memo, memo.order))
+            memo.order = memo.newOrder
+            memo.newOrder = []
+            memo.building = false
+            memo.order.withUnsafeBufferPointer { order in
+                for i in order.indices { order[i]._withUnsafeGuaranteedRef { $0.position = UInt32(truncatingIfNeeded: i) } }
+            }
+        }
+        swap(&memo.childOrder, &memo.newChildOrder)
+        memo.newChildOrder.removeAll(keepingCapacity: true)
+        var count = memo.order.count
+        if memo.visited != memo.children.count {
+            changes += 1
+            for (key, child) in memo.children where child.walkEpoch != epoch {
+                memo.children[key] = nil
+                vanish(child)
+            }
+        }
+        var duplicates = memo.ownDuplicates
+        for child in memo.children.values {
+            count += child.subtreeCount
+            duplicates += child.subtreeDuplicates
+        }
+        memo.subtreeCount = count
+        memo.subtreeDuplicates = duplicates
+    }
+
+    private func vanish(_ memo: GroupMemo) {
+        scans.append((memo, memo.order))
+        vanished.append(memo)
+        for child in memo.children.values { vanish(child) }
+    }
+
+    private func isSkipped(_ memo: GroupMemo) -> Bool {
+        var g: GroupMemo? = memo
+        while let x = g {
+            if x.skipEpoch == epoch { return true }
+            g = x.parent
+        }
+        return false
+    }
+
+    /// An entry of `memo` was claimed elsewhere: `memo` and the groups
+    /// around it not walked yet must be built this time (their skip would
+    /// count it as theirs).
+    private func markTaken(from memo: GroupMemo) {
+        var g: GroupMemo? = memo
+        while let x = g, x.walkEpoch != epoch {
+            x.rebuildEpoch = epoch
+            g = x.parent
+        }
+    }
+
+    private func collectStops() {
+        guard !scans.isEmpty else { return }
+        var stops: [ActiveSource] = []
+        for (memo, order) in scans {
+            for u in order {
+                let e = u.takeUnretainedValue()
+                if e.memo === memo && e.epoch != epoch { stops.append(e) }
+            }
+        }
+        scans.removeAll(keepingCapacity: true)
+        for memo in vanished {
+            memo.order = []
+            memo.children = [:]
+            memo.childOrder = []
+            memo.newChildOrder = []
+        }
+        vanished.removeAll()
+        guard !stops.isEmpty else { return }
+        for e in stops { table.remove(e) }
+        records.stops = Self.inActivationOrder(stops)
+    }
+
+    private func makeEntry(_ sub: SubscriptionCore, _ memo: GroupMemo) -> ActiveSource {
+        generation &+= 1
+        let entry = ActiveSource(sub, activation: Activation(generation: generation), memo: memo)
+        entry.epoch = epoch
+        return entry
+    }
+
+    // MARK: Whole-table operations
+
+    /// The active entries, in activation order.
+    var activeInOrder: [ActiveSource] { Self.inActivationOrder(table.all) }
+
+    /// Removes and returns every active source, in activation order (shutdown).
+    func removeAll() -> [ActiveSource] {
         let all = activeInOrder
-        active.removeAll()
+        table.removeAll()
+        dismantle()
         return all
     }
 
-    /// `entries` in activation order. The sort runs over concrete
-    /// `(generation, index)` pairs: a sort over the generic entry type runs
-    /// unspecialised and allocates on every element access (about 42
-    /// allocations a stop).
-    private static func inActivationOrder(_ entries: [ActiveSource<Message>]) -> [ActiveSource<Message>] {
+    /// Forgets every group (breaks the memo/entry reference cycles).
+    func dismantle() {
+        func clear(_ memo: GroupMemo) {
+            for child in memo.children.values { clear(child) }
+            memo.children = [:]
+            memo.childOrder = []
+            memo.newChildOrder = []
+            memo.order = []
+            memo.newOrder = []
+            memo.subtreeCount = 0
+        }
+        clear(root)
+    }
+
+    /// `entries` in activation order; no sort when they already are (the
+    /// common case: stops come from the desired order, which is usually the
+    /// order they were started in).
+    static func inActivationOrder(_ entries: [ActiveSource]) -> [ActiveSource] {
+        var sorted = true
+        var last: UInt64 = 0
+        for e in entries {
+            if e.activation.generation < last {
+                sorted = false
+                break
+            }
+            last = e.activation.generation
+        }
+        if sorted { return entries }
         var order: [(UInt64, Int)] = []
         order.reserveCapacity(entries.count)
         for i in entries.indices { order.append((entries[i].activation.generation, i)) }
         order.sort { $0.0 < $1.0 }
-        var sorted: [ActiveSource<Message>] = []
-        sorted.reserveCapacity(entries.count)
-        for (_, i) in order { sorted.append(entries[i]) }
-        return sorted
+        var result: [ActiveSource] = []
+        result.reserveCapacity(entries.count)
+        for (_, i) in order { result.append(entries[i]) }
+        return result
+    }
+}
+
+/// The active entries by identity: open addressing on the identity's cached
+/// hash (no re-hashing), linear probing, backward-shift deletion.
+struct EntryTable {
+    private var slots: ContiguousArray<ActiveSource?> = []
+    private var mask = -1
+    private(set) var count = 0
+
+    func find(_ id: borrowing SubscriptionID) -> ActiveSource? {
+        guard count > 0 else { return nil }
+        return slots.withUnsafeBufferPointer { slots in
+            var i = id.cachedHash & mask
+            while let e = slots[i] {
+                if e.id == id { return e }
+                i = (i &+ 1) & mask
+            }
+            return nil
+        }
     }
 
-    /// The active entries, in activation order.
-    private var activeInOrder: [ActiveSource<Message>] {
-        Self.inActivationOrder(active.values.map { unsafeDowncast($0, to: ActiveSource<Message>.self) })
+    mutating func insert(_ entry: ActiveSource) {
+        if (count + 1) * 4 > slots.count * 3 { grow() }
+        count += 1
+        place(entry)
     }
 
-    private func makeEntry(_ sub: Subscription<Message>) -> ActiveSource<Message> {
-        generation &+= 1
-        let entry = ActiveSource(sub, activation: Activation(generation: generation), owner: owner)
-        entry.epoch = epoch
-        return entry
+    private mutating func place(_ entry: ActiveSource) {
+        let mask = self.mask
+        slots.withUnsafeMutableBufferPointer { slots in
+            var i = entry.id.cachedHash & mask
+            while slots[i] != nil { i = (i &+ 1) & mask }
+            slots[i] = entry
+        }
+    }
+
+    private func slot(of entry: ActiveSource) -> Int? {
+        guard count > 0 else { return nil }
+        return slots.withUnsafeBufferPointer { slots in
+            var i = entry.id.cachedHash & mask
+            while let e = slots[i] {
+                if e === entry { return i }
+                i = (i &+ 1) & mask
+            }
+            return nil
+        }
+    }
+
+    mutating func replace(_ old: ActiveSource, with new: ActiveSource) {
+        guard let i = slot(of: old) else { return insert(new) }
+        slots[i] = new
+    }
+
+    mutating func remove(_ entry: ActiveSource) {
+        guard var i = slot(of: entry) else { return }
+        count -= 1
+        let mask = self.mask
+        slots.withUnsafeMutableBufferPointer { slots in
+            slots[i] = nil
+            var j = i
+            while true {
+                j = (j &+ 1) & mask
+                guard let x = slots[j] else { return }
+                let k = x.id.cachedHash & mask
+                // x stays if its home k lies cyclically in (i, j].
+                let stays = i <= j ? (i < k && k <= j) : (i < k || k <= j)
+                if stays { continue }
+                slots[i] = x
+                slots[j] = nil
+                i = j
+            }
+        }
+    }
+
+    private mutating func grow() {
+        let old = slots
+        let capacity = max(16, slots.count * 2)
+        slots = ContiguousArray(repeating: nil, count: capacity)
+        mask = capacity - 1
+        for case let e? in old { place(e) }
+    }
+
+    var all: [ActiveSource] { slots.compactMap { $0 } }
+
+    mutating func removeAll() {
+        slots = []
+        mask = -1
+        count = 0
     }
 }

@@ -1,9 +1,9 @@
 /// Where messages from sources go: implemented by `Runtime`.
 protocol MessageSink<Message>: AnyObject {
     associatedtype Message
-    func enqueue(_ message: Message, from source: ActiveSource<Message>?)
+    func enqueue(_ message: Message, from source: ActiveSource?)
     func report(_ diagnostic: Diagnostic)
-    func makePoster(for source: ActiveSource<Message>) -> EventPoster
+    func makePoster(for source: ActiveSource) -> EventPoster
 }
 
 /// Runs a `Program` on a driver's loop: mailbox, commands, reconcile.
@@ -21,7 +21,7 @@ protocol MessageSink<Message>: AnyObject {
 public final class Runtime<P: Program>: DriverHost {
     struct Envelope {
         let message: P.Message
-        let source: ActiveSource<P.Message>?
+        let source: ActiveSource?
     }
 
     enum State { case idle, running, shutDown }
@@ -54,7 +54,7 @@ public final class Runtime<P: Program>: DriverHost {
     var draining = false
     var reconciledModel: P.Model?
     var startCommands: [P.Command]
-    var posterSources: [Activation: ActiveSource<P.Message>] = [:]
+    var posterSources: [Activation: ActiveSource] = [:]
     var retiredPosters = 0
 
     /// A runtime for `program` on `driver`.
@@ -80,6 +80,14 @@ public final class Runtime<P: Program>: DriverHost {
 
     /// The running subscriptions' identities, in activation order.
     public var activeIDs: [SubscriptionID] { reconciler.activeIDs }
+
+    /// Debugging: build groups whose input is unchanged too and report a
+    /// group whose subscriptions changed anyway
+    /// (`Diagnostic.groupDependsOnMoreThanInput`). Costs what groups save.
+    public var verifiesGroups: Bool {
+        get { reconciler.verifiesGroups }
+        set { reconciler.verifiesGroups = newValue }
+    }
 
     /// Attaches the driver, performs the start commands, processes queued
     /// messages and reconciles for the first time. Idempotent while running.
@@ -140,7 +148,7 @@ public final class Runtime<P: Program>: DriverHost {
             return Envelope(message: m, source: nil)
         case .event(let activation, let event):
             guard let source = posterSources[activation] else { return nil }
-            guard let m = source.tagger.tag(event) else {
+            guard let m = reconciler.message(for: event, from: source) else {
                 report(.eventTypeMismatch(source.id, String(describing: type(of: event))))
                 return nil
             }
@@ -209,25 +217,27 @@ public final class Runtime<P: Program>: DriverHost {
             lastPlan = Plan()
             return
         }
-        let (plan, actions) = reconciler.reconcile(program.subscriptions(model).items)
+        let plan = reconciler.reconcile(program.subscriptions(model))
+        let actions = plan.records
         reconciledModel = model
         stats.reconciles += 1
         for d in plan.duplicates {
             stats.duplicates += 1
             report(.duplicateIdentity(d))
         }
+        for g in plan.groupsNotPure { report(.groupDependsOnMoreThanInput(g)) }
         if !plan.isEmpty {
             for s in actions.stops { stop(s) }
             for r in actions.restarts { stop(r.old) }
             for r in actions.retunes {
                 stats.retunes += 1
-                driver.retune(r.source, from: r.old)
+                driver.retune(r.source, from: r.from.hashable)
             }
             for r in actions.restarts {
                 stats.restarts += 1
                 start(r.new)
             }
-            for s in actions.starts { start(s) }
+            for s in actions.starts { start(s.source) }
         }
         lastPlan = plan
         if !plan.isEmpty || !plan.duplicates.isEmpty {
@@ -235,12 +245,12 @@ public final class Runtime<P: Program>: DriverHost {
         }
     }
 
-    private func start(_ source: ActiveSource<P.Message>) {
+    private func start(_ source: ActiveSource) {
         stats.starts += 1
         driver.start(source)
     }
 
-    private func stop(_ source: ActiveSource<P.Message>) {
+    private func stop(_ source: ActiveSource) {
         source.isActive = false
         if source.hasPoster {
             inbox.retire(source.activation)
@@ -252,7 +262,7 @@ public final class Runtime<P: Program>: DriverHost {
 }
 
 extension Runtime: MessageSink {
-    func enqueue(_ message: P.Message, from source: ActiveSource<P.Message>?) {
+    func enqueue(_ message: P.Message, from source: ActiveSource?) {
         guard state != .shutDown else { return }
         mailbox.append(Envelope(message: message, source: source))
         if state == .running { drainAndReconcile(force: false) }
@@ -262,12 +272,12 @@ extension Runtime: MessageSink {
         switch diagnostic {
         case .sourceFailed: stats.failures += 1
         case .eventAfterStop, .eventTypeMismatch: stats.droppedEvents += 1
-        case .duplicateIdentity, .lateDelivery: break
+        case .duplicateIdentity, .lateDelivery, .groupDependsOnMoreThanInput: break
         }
         diagnostics?(diagnostic)
     }
 
-    func makePoster(for source: ActiveSource<P.Message>) -> EventPoster {
+    func makePoster(for source: ActiveSource) -> EventPoster {
         posterSources[source.activation] = source
         inbox.register(source.activation)
         let inbox = self.inbox

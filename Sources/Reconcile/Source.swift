@@ -27,15 +27,17 @@ extension Source {
 }
 
 /// The kind of a source: its type, shown by its name.
-public struct SourceKind: Hashable, Sendable, CustomStringConvertible {
+public struct SourceKind: Hashable, @unchecked Sendable, CustomStringConvertible {
+    /// The source type.
+    @usableFromInline let source: any Source.Type
+
     /// The kind's name (`Source.name`).
-    public let name: String
-    @usableFromInline let type: ObjectIdentifier
+    public var name: String { source.name }
+    @usableFromInline var type: ObjectIdentifier { ObjectIdentifier(source) }
 
     /// The kind of source type `source`.
     public init<S: Source>(_ source: S.Type) {
-        self.name = S.name
-        self.type = ObjectIdentifier(source)
+        self.source = source
     }
 
     /// Whether `a` and `b` are the same source type.
@@ -44,6 +46,15 @@ public struct SourceKind: Hashable, Sendable, CustomStringConvertible {
     public func hash(into hasher: inout Hasher) { hasher.combine(type) }
     /// The kind's name.
     public var description: String { name }
+}
+
+extension Source {
+    /// Whether a running source can move between the configurations in
+    /// `old` and `new` (boxes of `Configuration`) in place.
+    static func canRetune(_ old: HashableBox, _ new: HashableBox) -> Bool {
+        guard let a = old as? TypedHashableBox<Configuration>, let b = new as? TypedHashableBox<Configuration> else { return false }
+        return canRetune(from: a.value, to: b.value)
+    }
 }
 
 /// The stable identity of a subscription: its source kind plus a user key.

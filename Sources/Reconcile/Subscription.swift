@@ -1,14 +1,17 @@
 /// One ongoing source a model wants: identity, configuration and tagger.
 public struct Subscription<Message> {
+    // The only stored property: `Subscription<M>` has the layout of
+    // `SubscriptionCore` whatever `M` is, so the reconciler reads a desired
+    // set as `SubscriptionCore` values without specialising on `Message`.
+    @usableFromInline let core: SubscriptionCore
+
     /// The stable identity (kind + key).
-    public let id: SubscriptionID
+    public var id: SubscriptionID { core.id }
     /// The source's configuration, type-erased (`Source.Configuration`).
-    public var configuration: AnyHashable { configurationBox.hashable }
-    /// The configuration in a typed box: comparing two costs no dynamic cast
-    /// and no allocation (the reconcile hot path).
-    @usableFromInline let configurationBox: HashableBox
-    @usableFromInline let source: any Source.Type
-    @usableFromInline let tagger: Tagger<Message>
+    public var configuration: AnyHashable { core.configurationBox.hashable }
+    @usableFromInline var configurationBox: HashableBox { core.configurationBox }
+    @usableFromInline var source: any Source.Type { core.id.kind.source }
+    @usableFromInline var tagger: Tagger<Message> { unsafeDowncast(core.tagger, to: Tagger<Message>.self) }
 
     /// A subscription to `source` keyed by `key`, configured by `configuration`,
     /// whose events become messages through `tag`.
@@ -16,23 +19,19 @@ public struct Subscription<Message> {
         _ source: S.Type, key: Key, configuration: S.Configuration,
         tag: @escaping (S.Event) -> Message
     ) {
-        self.id = SubscriptionID(source, key: key)
-        self.configurationBox = TypedHashableBox(configuration)
-        self.source = source
-        self.tagger = Tagger(tag, source: source)
+        core = SubscriptionCore(id: SubscriptionID(source, key: key),
+                                configurationBox: TypedHashableBox(configuration),
+                                tagger: SourceTagger<S, Message>(tag))
     }
 
-    @usableFromInline init(id: SubscriptionID, configurationBox: HashableBox, source: any Source.Type, tagger: Tagger<Message>) {
-        self.id = id
-        self.configurationBox = configurationBox
-        self.source = source
-        self.tagger = tagger
+    @usableFromInline init(id: SubscriptionID, configurationBox: HashableBox, tagger: Tagger<Message>) {
+        core = SubscriptionCore(id: id, configurationBox: configurationBox, tagger: tagger)
     }
 
     /// The same subscription with its messages mapped by `transform`, for
     /// embedding a child program's subscriptions in a parent's.
     public func map<Other>(_ transform: @escaping (Message) -> Other) -> Subscription<Other> {
-        Subscription<Other>(id: id, configurationBox: configurationBox, source: source, tagger: tagger.map(transform))
+        Subscription<Other>(id: id, configurationBox: configurationBox, tagger: MappedTagger(tagger, transform))
     }
 
     /// The message this subscription's tagger makes of `event`, or `nil` when
@@ -43,45 +42,86 @@ public struct Subscription<Message> {
     public func message(for failure: SourceFailure) -> Message { tagger.fail(failure) }
 }
 
-/// A type-erased tagger: source event (or failure) to message.
-@usableFromInline struct Tagger<Message> {
-    @usableFromInline let tag: (Any) -> Message?
-    @usableFromInline let fail: (SourceFailure) -> Message
+/// A subscription without its message type: what the reconciler works on.
+@usableFromInline struct SubscriptionCore {
+    @usableFromInline let id: SubscriptionID
+    @usableFromInline let configurationBox: HashableBox
+    @usableFromInline let tagger: TaggerBase
 
-    init(tag: @escaping (Any) -> Message?, fail: @escaping (SourceFailure) -> Message) {
-        self.tag = tag
-        self.fail = fail
-    }
-
-    func map<Other>(_ transform: @escaping (Message) -> Other) -> Tagger<Other> {
-        let tag = self.tag, fail = self.fail
-        return Tagger<Other>(tag: { tag($0).map(transform) }, fail: { transform(fail($0)) })
+    @usableFromInline init(id: SubscriptionID, configurationBox: HashableBox, tagger: TaggerBase) {
+        self.id = id
+        self.configurationBox = configurationBox
+        self.tagger = tagger
     }
 }
 
-extension Tagger {
-    init<S: Source>(_ tag: @escaping (S.Event) -> Message, source: S.Type = S.self) {
-        self.tag = { ($0 as? S.Event).map(tag) }
-        self.fail = { tag(S.failed($0)) }
+/// A tagger of any message type: one object per subscription, so refreshing
+/// it on a kept subscription is one reference store.
+@usableFromInline class TaggerBase {
+    /// The message for `event`, as `Any` (used on routes through groups).
+    func tagAny(_ event: Any) -> Any? { fatalError("TaggerBase.tagAny: abstract") }
+    /// The message for `failure`, as `Any`.
+    func failAny(_ failure: SourceFailure) -> Any { fatalError("TaggerBase.failAny: abstract") }
+}
+
+/// Source event (or failure) to `Message`.
+@usableFromInline class Tagger<Message>: TaggerBase {
+    func tag(_ event: Any) -> Message? { fatalError("Tagger.tag: abstract") }
+    func fail(_ failure: SourceFailure) -> Message { fatalError("Tagger.fail: abstract") }
+    override func tagAny(_ event: Any) -> Any? { tag(event).map { $0 as Any } }
+    override func failAny(_ failure: SourceFailure) -> Any { fail(failure) }
+}
+
+/// The tagger a subscription is made with: the program's closure.
+final class SourceTagger<S: Source, Message>: Tagger<Message> {
+    let body: (S.Event) -> Message
+    init(_ body: @escaping (S.Event) -> Message) { self.body = body }
+    override func tag(_ event: Any) -> Message? { (event as? S.Event).map(body) }
+    override func fail(_ failure: SourceFailure) -> Message { body(S.failed(failure)) }
+}
+
+/// A tagger whose messages are mapped (`Subscription.map`).
+final class MappedTagger<Inner, Message>: Tagger<Message> {
+    let inner: Tagger<Inner>
+    let transform: (Inner) -> Message
+    init(_ inner: Tagger<Inner>, _ transform: @escaping (Inner) -> Message) {
+        self.inner = inner
+        self.transform = transform
     }
+    override func tag(_ event: Any) -> Message? { inner.tag(event).map(transform) }
+    override func fail(_ failure: SourceFailure) -> Message { transform(inner.fail(failure)) }
 }
 
 /// The set of subscriptions a model wants, in order.
 ///
 /// Build it with the result builder (`if`, `if let`, `switch`, `for` work) or
 /// from an array for bulk sets. A duplicate identity is kept here as given;
-/// the reconciler reports it and lets the first one win.
+/// the reconciler reports it and lets the first one win. Parts of a large set
+/// can be memoized with `group(_:_:_:)`.
 public struct Subscriptions<Message> {
-    /// The subscriptions, in the order they were given.
-    public var items: [Subscription<Message>]
+    @usableFromInline var parts: [SubscriptionsPart<Message>]
+
+    /// The subscriptions, in the order they were given (groups are built).
+    public var items: [Subscription<Message>] {
+        get {
+            if parts.isEmpty { return [] }
+            if parts.count == 1, case .items(let a) = parts[0] { return a }
+            var all: [Subscription<Message>] = []
+            for p in parts { p.appendItems(to: &all) }
+            return all
+        }
+        set { parts = newValue.isEmpty ? [] : [.items(newValue)] }
+    }
 
     /// A set of `items`.
-    public init(_ items: [Subscription<Message>]) { self.items = items }
+    public init(_ items: [Subscription<Message>]) { self.parts = items.isEmpty ? [] : [.items(items)] }
 
     /// A set built with the result builder.
-    public init(@SubscriptionsBuilder<Message> _ build: () -> [Subscription<Message>]) {
-        self.items = build()
+    public init(@SubscriptionsBuilder<Message> _ build: () -> Subscriptions<Message>) {
+        self = build()
     }
+
+    init(parts: [SubscriptionsPart<Message>]) { self.parts = parts }
 
     /// No subscriptions.
     public static var none: Subscriptions { Subscriptions([]) }
@@ -93,33 +133,222 @@ public struct Subscriptions<Message> {
     public subscript(id: SubscriptionID) -> Subscription<Message>? { items.first { $0.id == id } }
 
     /// The set with every message mapped by `transform` (child programs).
+    /// Groups stay memoized: the mapping is applied to their messages on
+    /// delivery and refreshed on every reconcile.
     public func map<Other>(_ transform: @escaping (Message) -> Other) -> Subscriptions<Other> {
-        Subscriptions<Other>(items.map { $0.map(transform) })
+        var out: [SubscriptionsPart<Other>] = []
+        out.reserveCapacity(parts.count)
+        var pending: [SubscriptionsPart<Message>] = []
+        for p in parts {
+            switch p {
+            case .items(let a):
+                if !pending.isEmpty {
+                    out.append(.mapped(TypedMapNode(pending, transform)))
+                    pending = []
+                }
+                out.append(.items(a.map { $0.map(transform) }))
+            case .group, .mapped:
+                pending.append(p)
+            }
+        }
+        if !pending.isEmpty { out.append(.mapped(TypedMapNode(pending, transform))) }
+        return Subscriptions<Other>(parts: out)
+    }
+
+    /// Appends `other`'s parts (adjacent plain parts are merged).
+    mutating func append(_ other: Subscriptions<Message>) {
+        for p in other.parts { append(p) }
+    }
+
+    mutating func append(_ part: SubscriptionsPart<Message>) {
+        if case .items(let b) = part {
+            if b.isEmpty { return }
+            if case .items(var a)? = parts.last {
+                parts[parts.count - 1] = .items([])
+                a.append(contentsOf: b)
+                parts[parts.count - 1] = .items(a)
+                return
+            }
+        }
+        parts.append(part)
     }
 }
 
-/// Builds `[Subscription]` from statements: single subscriptions, nested sets,
-/// arrays, `if`/`else`, optionals and `for` loops.
+extension Subscriptions {
+    /// A memoized part of a set: `body(input)` is built and diffed only when
+    /// `key` is new or `input` differs from the last reconcile's.
+    ///
+    /// When the key and an equal input were seen last time, the group is
+    /// neither built nor diffed: its subscriptions count as kept. The body
+    /// must depend on `input` alone (the reconciler's `verifiesGroups`
+    /// option checks this). Identities stay global: a subscription moving
+    /// between groups is kept, retuned or restarted, never stopped and
+    /// started; a duplicate across groups is reported and the first one in
+    /// document order wins. Mapping a set with groups (`map`) is applied on
+    /// delivery and refreshed on every reconcile, also for skipped groups.
+    /// Groups nest; keys are scoped to the enclosing group.
+    public static func group<Key: Hashable & Sendable, Input: Equatable>(
+        _ key: Key, _ input: Input,
+        @SubscriptionsBuilder<Message> _ body: @escaping (Input) -> Subscriptions<Message>
+    ) -> Subscriptions<Message> {
+        Subscriptions(parts: [.group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: body))])
+    }
+}
+
+/// One part of a set: plain subscriptions, a memoized group, or groups under
+/// a message mapping.
+@usableFromInline enum SubscriptionsPart<Message> {
+    case items([Subscription<Message>])
+    case group(GroupNode<Message>)
+    case mapped(MapNode<Message>)
+
+    func appendItems(to all: inout [Subscription<Message>]) {
+        switch self {
+        case .items(let a): all.append(contentsOf: a)
+        case .group(let g): all.append(contentsOf: g.build().items)
+        case .mapped(let m): m.appendItems(to: &all)
+        }
+    }
+}
+
+/// A group's key as the reconciler looks it up: the node that carries it
+/// (typed comparison, no boxing), its cached hash, and which occurrence of
+/// that key among its siblings it is.
+struct GroupKey: Hashable {
+    let node: GroupIdentity
+    let cachedHash: Int
+    var occurrence = 0
+
+    static func == (a: GroupKey, b: GroupKey) -> Bool {
+        a.cachedHash == b.cachedHash && a.occurrence == b.occurrence && (a.node === b.node || a.node.keyEquals(b.node))
+    }
+    func hash(into hasher: inout Hasher) { hasher.combine(cachedHash) }
+}
+
+/// A group as given, without its message type: key and input, compared typed.
+@usableFromInline class GroupIdentity {
+    func keyEquals(_ other: GroupIdentity) -> Bool { fatalError("GroupIdentity.keyEquals: abstract") }
+    func inputEquals(_ other: GroupIdentity) -> Bool { fatalError("GroupIdentity.inputEquals: abstract") }
+    var keyDescription: String { fatalError("GroupIdentity.keyDescription: abstract") }
+}
+
+/// A memoized group as given: its key, its input, and how to build it (one
+/// object per group and reconcile).
+@usableFromInline class GroupNode<Message>: GroupIdentity {
+    /// The key with its hash (set by the typed subclass).
+    var key: GroupKey { fatalError("GroupNode.key: abstract") }
+    /// The group's subscriptions, built now.
+    func build() -> Subscriptions<Message> { fatalError("GroupNode.build: abstract") }
+}
+
+final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>: GroupNode<Message> {
+    let keyValue: Key
+    let value: Input
+    let body: (Input) -> Subscriptions<Message>
+    private var hashValue_: Int
+
+    init(key: Key, input: Input, body: @escaping (Input) -> Subscriptions<Message>) {
+        self.keyValue = key
+        self.value = input
+        self.body = body
+        var h = Hasher()
+        h.combine(ObjectIdentifier(Key.self))
+        h.combine(key)
+        hashValue_ = h.finalize()
+    }
+
+    override var key: GroupKey { GroupKey(node: self, cachedHash: hashValue_) }
+
+    override func keyEquals(_ other: GroupIdentity) -> Bool {
+        if ObjectIdentifier(type(of: other)) == ObjectIdentifier(TypedGroupNode.self) {
+            return unsafeDowncast(other, to: TypedGroupNode.self).keyValue == keyValue
+        }
+        guard let o = other as? any TypedKeyed<Key> else { return false }
+        return o.keyValue == keyValue
+    }
+
+    override func inputEquals(_ other: GroupIdentity) -> Bool {
+        if ObjectIdentifier(type(of: other)) == ObjectIdentifier(TypedGroupNode.self) {
+            return unsafeDowncast(other, to: TypedGroupNode.self).value == value
+        }
+        guard let o = other as? any TypedInput<Input> else { return false }
+        return o.value == value
+    }
+
+    override var keyDescription: String { "\(keyValue)" }
+    override func build() -> Subscriptions<Message> { body(value) }
+}
+
+/// Lets groups of different message types compare keys and inputs.
+protocol TypedKeyed<Key>: AnyObject {
+    associatedtype Key: Hashable
+    var keyValue: Key { get }
+}
+
+protocol TypedInput<Input>: AnyObject {
+    associatedtype Input: Equatable
+    var value: Input { get }
+}
+
+extension TypedGroupNode: TypedKeyed, TypedInput {}
+
+/// Groups of one message type seen as another (`Subscriptions.map`).
+@usableFromInline class MapNode<Message> {
+    /// The transform, erased: applied to a group's messages on delivery.
+    let forward: (Any) -> Any
+    init(forward: @escaping (Any) -> Any) { self.forward = forward }
+    func appendItems(to all: inout [Subscription<Message>]) { fatalError("MapNode.appendItems: abstract") }
+    func walk(_ engine: ReconcileEngine) { fatalError("MapNode.walk: abstract") }
+}
+
+final class TypedMapNode<Inner, Message>: MapNode<Message> {
+    let inner: [SubscriptionsPart<Inner>]
+    let transform: (Inner) -> Message
+
+    init(_ inner: [SubscriptionsPart<Inner>], _ transform: @escaping (Inner) -> Message) {
+        self.inner = inner
+        self.transform = transform
+        super.init(forward: { transform($0 as! Inner) })
+    }
+
+    override func appendItems(to all: inout [Subscription<Message>]) {
+        var mine: [Subscription<Inner>] = []
+        for p in inner { p.appendItems(to: &mine) }
+        for s in mine { all.append(s.map(transform)) }
+    }
+
+    override func walk(_ engine: ReconcileEngine) { engine.walk(inner, forward: forward) }
+}
+
+/// Builds `Subscriptions` from statements: single subscriptions, nested sets,
+/// groups, arrays, `if`/`else`, optionals and `for` loops.
 @resultBuilder
 public enum SubscriptionsBuilder<Message> {
     /// One subscription.
-    public static func buildExpression(_ s: Subscription<Message>) -> [Subscription<Message>] { [s] }
+    public static func buildExpression(_ s: Subscription<Message>) -> Subscriptions<Message> { Subscriptions([s]) }
     /// An optional subscription (nothing when nil).
-    public static func buildExpression(_ s: Subscription<Message>?) -> [Subscription<Message>] { s.map { [$0] } ?? [] }
+    public static func buildExpression(_ s: Subscription<Message>?) -> Subscriptions<Message> { Subscriptions(s.map { [$0] } ?? []) }
     /// A nested set, in order.
-    public static func buildExpression(_ s: Subscriptions<Message>) -> [Subscription<Message>] { s.items }
+    public static func buildExpression(_ s: Subscriptions<Message>) -> Subscriptions<Message> { s }
     /// An array of subscriptions, in order.
-    public static func buildExpression(_ s: [Subscription<Message>]) -> [Subscription<Message>] { s }
+    public static func buildExpression(_ s: [Subscription<Message>]) -> Subscriptions<Message> { Subscriptions(s) }
     /// The statements' subscriptions, in order.
-    public static func buildBlock(_ parts: [Subscription<Message>]...) -> [Subscription<Message>] { parts.flatMap { $0 } }
+    public static func buildBlock(_ parts: Subscriptions<Message>...) -> Subscriptions<Message> { concatenate(parts) }
     /// An `if` without `else`.
-    public static func buildOptional(_ part: [Subscription<Message>]?) -> [Subscription<Message>] { part ?? [] }
+    public static func buildOptional(_ part: Subscriptions<Message>?) -> Subscriptions<Message> { part ?? .none }
     /// The first branch of an `if`/`else` or `switch`.
-    public static func buildEither(first: [Subscription<Message>]) -> [Subscription<Message>] { first }
+    public static func buildEither(first: Subscriptions<Message>) -> Subscriptions<Message> { first }
     /// The second branch of an `if`/`else` or `switch`.
-    public static func buildEither(second: [Subscription<Message>]) -> [Subscription<Message>] { second }
+    public static func buildEither(second: Subscriptions<Message>) -> Subscriptions<Message> { second }
     /// A `for` loop's subscriptions, in order.
-    public static func buildArray(_ parts: [[Subscription<Message>]]) -> [Subscription<Message>] { parts.flatMap { $0 } }
+    public static func buildArray(_ parts: [Subscriptions<Message>]) -> Subscriptions<Message> { concatenate(parts) }
     /// An `if #available` branch.
-    public static func buildLimitedAvailability(_ part: [Subscription<Message>]) -> [Subscription<Message>] { part }
+    public static func buildLimitedAvailability(_ part: Subscriptions<Message>) -> Subscriptions<Message> { part }
+
+    static func concatenate(_ parts: [Subscriptions<Message>]) -> Subscriptions<Message> {
+        if parts.count == 1 { return parts[0] }
+        var all = Subscriptions<Message>.none
+        for p in parts { all.append(p) }
+        return all
+    }
 }

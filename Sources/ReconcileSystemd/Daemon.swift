@@ -154,6 +154,8 @@ public final class Daemon<P: Program> {
                 logger.debug(d.description, ["SUBSCRIPTION": "\(id)", "ACTIVATION": "\(a.generation)", "OUTCOME": "late"])
             case .eventAfterStop(let id, _), .eventTypeMismatch(let id, _):
                 logger.error(d.description, ["SUBSCRIPTION": "\(id)"])
+            case .groupDependsOnMoreThanInput:
+                logger.error(d.description, ["OUTCOME": "group-not-pure"])
             }
         }
         runtime.didCommit = { [unowned self] model in

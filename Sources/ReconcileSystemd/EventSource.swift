@@ -22,6 +22,13 @@ final class EventSource {
     /// Takes ownership of `handle`, just returned by an `sd_event_add_*` call.
     init(_ handle: OpaquePointer) {
         self.handle = handle
+        Self.account(handle)
+    }
+
+    /// Counts `handle` in `EventSourceAccounting` until sd-event destroys it:
+    /// for owners that keep the `sd_event_source *` themselves (one object
+    /// less per source) and release it with `sd_event_source_disable_unref`.
+    static func account(_ handle: OpaquePointer) {
         EventSourceAccounting.liveCount.add(1, ordering: .relaxed)
         EventSourceAccounting.createdCount.add(1, ordering: .relaxed)
         sd_event_source_set_destroy_callback(handle) { _ in

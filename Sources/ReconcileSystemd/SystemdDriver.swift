@@ -15,7 +15,12 @@ public final class SystemdDriver: Driver {
     /// by the host from `Runtime.didReconcile` (`Logger.logReconcile(_:)`), not here.
     public var logger: Logger
 
-    private var running: [ObjectIdentifier: any RunningSource] = [:]
+    /// Running sources live on their tickets (`driverState`); the driver
+    /// keeps only their number.
+    private var running = 0
+    /// Each kind's `SystemdSource` conformance, looked up once per kind.
+    private var kinds: [ObjectIdentifier: (any SystemdSource.Type)?] = [:]
+    private var lastKind: (id: ObjectIdentifier, type: (any SystemdSource.Type)?)?
     private weak var host: (any DriverHost)?
     private var wakeSource: EventSource?
     private var wakeChannel: WakeChannel?
@@ -30,7 +35,7 @@ public final class SystemdDriver: Driver {
     }
 
     /// How many sources are running now.
-    public var runningCount: Int { running.count }
+    public var runningCount: Int { running }
 
     /// Connects the runtime: an eventfd on the loop pumps its inbox when woken.
     public func attach(_ host: any DriverHost) throws -> Waker {
@@ -56,13 +61,14 @@ public final class SystemdDriver: Driver {
 
     /// Starts the ticket's source on the loop; a kind that is not a `SystemdSource`, or a start that throws, becomes a failure event.
     public func start(_ ticket: SourceTicket) {
-        guard let kind = ticket.source as? any SystemdSource.Type else {
+        guard let kind = systemdKind(ticket.source) else {
             ticket.fail(SourceFailure(operation: "start \(ticket.id)",
                                       reason: "the sd-event driver cannot run source kind '\(ticket.id.kind)' (it does not conform to SystemdSource)"))
             return
         }
         do {
-            running[ObjectIdentifier(ticket)] = try kind._start(ticket, context: SourceContext(loop: loop, logger: logger, driver: self))
+            ticket.driverState = try kind._start(ticket, context: SourceContext(loop: loop, logger: logger, driver: self))
+            running += 1
         } catch {
             ticket.fail(Self.failure(error, ticket))
         }
@@ -70,19 +76,34 @@ public final class SystemdDriver: Driver {
 
     /// Applies the ticket's new configuration in place; an error becomes a failure event.
     public func retune(_ ticket: SourceTicket, from old: AnyHashable) {
-        guard let source = running[ObjectIdentifier(ticket)] else { return }
+        guard let source = ticket.driverState as? any RunningSource else { return }
         do { try source.retune(to: ticket.configuration) } catch { ticket.fail(Self.failure(error, ticket)) }
     }
 
     /// Stops the source; it emits nothing afterwards.
     public func stop(_ ticket: SourceTicket) {
-        running.removeValue(forKey: ObjectIdentifier(ticket))?.stop()
+        guard let source = ticket.driverState as? any RunningSource else { return }
+        ticket.driverState = nil
+        running -= 1
+        source.stop()
     }
 
-    /// Stops whatever still runs and closes the wake-up eventfd.
+    /// The `SystemdSource` conformance of `type`, cached per kind.
+    private func systemdKind(_ type: any Source.Type) -> (any SystemdSource.Type)? {
+        let id = ObjectIdentifier(type)
+        if let last = lastKind, last.id == id { return last.type }
+        let kind: (any SystemdSource.Type)?
+        if let known = kinds[id] { kind = known } else {
+            kind = type as? any SystemdSource.Type
+            kinds[id] = kind
+        }
+        lastKind = (id, kind)
+        return kind
+    }
+
+    /// Disconnects the runtime. The runtime has stopped every source by
+    /// then (`Runtime.shutdown` stops all before it detaches).
     public func detach() {
-        for (_, s) in running { s.stop() }
-        running = [:]
         wakeSource?.close()
         wakeSource = nil
         inotifyKeeper?.close()

@@ -24,11 +24,13 @@ extension TimerSource: SystemdSource {
 /// each firing re-arms from the schedule, not from the wake-up time, so it
 /// does not drift; a late loop gets one tick with `missed` set.
 final class TimerRunner: RunningSource {
-    private let ticket: SourceTicket
+    // The ticket owns this runner (`driverState`); the runner does not own it.
+    private unowned let ticket: SourceTicket
     private let loop: EventLoop
     private let clock: clockid_t
     private let repeats: Bool
-    private var source: EventSource?
+    /// The timer's sd-event source, owned here directly (no wrapper object).
+    private var handle: OpaquePointer?
     private var origin: UInt64
     private var interval: UInt64
     private var leeway: UInt64
@@ -50,11 +52,14 @@ final class TimerRunner: RunningSource {
                 Unmanaged<TimerRunner>.fromOpaque(ud!).takeUnretainedValue().fire()
                 return 0
             }, Unmanaged.passUnretained(self).toOpaque()))
-        source = EventSource(s!)
+        handle = s
+        EventSource.account(s!)
     }
 
+    deinit { stop() }
+
     private func fire() {
-        guard let handle = source?.handle else { return }
+        guard let handle else { return }
         let now = loop.now(clock)
         let due = max(sequence + 1, now >= origin ? (now - origin) / interval : 0)
         let missed = due - sequence - 1
@@ -70,7 +75,7 @@ final class TimerRunner: RunningSource {
     }
 
     func retune(to configuration: AnyHashable) throws {
-        guard let c = configuration.base as? TimerSource.Configuration, let handle = source?.handle else { return }
+        guard let c = configuration.base as? TimerSource.Configuration, let handle else { return }
         let newInterval = UInt64(max(1, c.interval.microseconds))
         leeway = UInt64(max(1, c.leeway.microseconds))
         try check("sd_event_source_set_time_accuracy", sd_event_source_set_time_accuracy(handle, leeway))
@@ -88,7 +93,9 @@ final class TimerRunner: RunningSource {
     }
 
     func stop() {
-        source?.close()
-        source = nil
+        if let h = handle {
+            handle = nil
+            sd_event_source_disable_unref(h)
+        }
     }
 }

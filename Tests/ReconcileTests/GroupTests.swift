@@ -1,0 +1,179 @@
+import Reconcile
+import ReconcileTesting
+import Testing
+
+/// Counts how often group bodies run.
+final class BuildCounter { var builds = 0 }
+
+/// `list` cut into groups (some nested), each group's input its own specs:
+/// a pure body, so a grouped set must reconcile exactly like the flat list.
+func grouped(_ list: [Spec], cuts: [Int], nestEvery: Int, counter: BuildCounter) -> Subscriptions<Int> {
+    var parts: [[Spec]] = []
+    var start = 0
+    for c in cuts.sorted() where c > start && c < list.count {
+        parts.append(Array(list[start..<c]))
+        start = c
+    }
+    parts.append(Array(list[start...]))
+    var set = Subscriptions<Int>.none
+    set = Subscriptions {
+        for (n, part) in parts.enumerated() {
+            if n % 3 == 2 {
+                part.map { $0.subscription() }          // plain, between groups
+            } else if nestEvery > 0 && n % nestEvery == 0 {
+                Subscriptions.group("outer\(n)", part) { specs in
+                    let _ = counter.builds += 1
+                    let half = specs.count / 2
+                    Subscriptions.group("inner", Array(specs[..<half])) { inner in
+                        let _ = counter.builds += 1
+                        inner.map { $0.subscription() }
+                    }
+                    specs[half...].map { $0.subscription() }
+                }
+            } else {
+                Subscriptions.group(n, part) { specs in
+                    let _ = counter.builds += 1
+                    specs.map { $0.subscription() }
+                }
+            }
+        }
+    }
+    return set
+}
+
+@Suite struct GroupTests {
+    /// Groups change cost, never the plan: over random edits and random
+    /// regroupings (subscriptions moving between groups, groups appearing
+    /// and vanishing, nesting), every plan equals the reference model's on
+    /// the flattened list.
+    @Test(arguments: Array(1...10) as [UInt64])
+    func groupedSetsPlanLikeTheFlatReference(seed: UInt64) {
+        var rng = SplitMix64(seed: seed)
+        let reconciler = Reconciler<Int>()
+        var reference = ReferenceReconciler()
+        let counter = BuildCounter()
+        var list: [Spec] = []
+        var cuts: [Int] = []
+        for step in 0..<3_000 {
+            mutate(&list, using: &rng)
+            if Int.random(in: 0..<4, using: &rng) == 0 {
+                cuts = (0..<Int.random(in: 0...6, using: &rng)).map { _ in Int.random(in: 0...max(1, list.count), using: &rng) }
+            }
+            let set = grouped(list, cuts: cuts, nestEvery: Int(seed % 3), counter: counter)
+            let plan = reconciler.reconcile(set)
+            let expected = reference.reconcile(list)
+            #expect(plan == expected, "seed \(seed) step \(step)")
+            if plan != expected { return }
+        }
+        let active = reference.active.sorted { $0.value.generation < $1.value.generation }.map(\.key)
+        #expect(reconciler.activeIDs == active)
+    }
+
+    @Test func unchangedGroupIsNeitherBuiltNorDiffedAndCountsAsKept() {
+        let counter = BuildCounter()
+        func set(_ a: Int, _ b: Int) -> Subscriptions<Int> {
+            Subscriptions {
+                Subscriptions.group("a", a) { n in
+                    let _ = counter.builds += 1
+                    (0..<n).map { i in Subscription.every(.seconds(1), key: "a\(i)") { _ in i } }
+                }
+                Subscriptions.group("b", b) { n in
+                    let _ = counter.builds += 1
+                    (0..<n).map { i in Subscription.every(.seconds(1), key: "b\(i)") { _ in i } }
+                }
+            }
+        }
+        let r = Reconciler<Int>()
+        #expect(r.reconcile(set(3, 2)).steps.count == 5)
+        #expect(counter.builds == 2)
+        let plan = r.reconcile(set(3, 3))
+        #expect(counter.builds == 3)
+        #expect(plan.steps.map(\.description) == ["start timer:b2: every 1s"])
+        #expect(plan.kept == 5)
+    }
+
+    @Test func subscriptionMovingBetweenGroupsIsKeptNotRestarted() {
+        func set(_ inA: Bool) -> Subscriptions<Int> {
+            Subscriptions {
+                Subscriptions.group("a", inA) { inA in
+                    if inA { Subscription.every(.seconds(1), key: "x") { _ in 1 } }
+                }
+                Subscriptions.group("b", !inA) { inB in
+                    if inB { Subscription.every(.seconds(2), key: "x") { _ in 2 } }
+                }
+            }
+        }
+        let r = Reconciler<Int>()
+        r.reconcile(set(true))
+        let plan = r.reconcile(set(false))
+        #expect(plan.steps.map(\.description) == ["retune timer:x: every 1s -> every 2s"])
+    }
+
+    @Test func duplicateAcrossGroupsIsReportedAndTheFirstInDocumentOrderWins() {
+        func set(_ v: Int) -> Subscriptions<Int> {
+            Subscriptions {
+                Subscriptions.group("a", v) { v in Subscription.every(.seconds(Int64(v)), key: "x") { _ in 1 } }
+                Subscriptions.group("b", 0) { _ in Subscription.every(.seconds(9), key: "x") { _ in 2 } }
+            }
+        }
+        let r = Reconciler<Int>()
+        let first = r.reconcile(set(1))
+        #expect(first.steps.map(\.description) == ["start timer:x: every 1s"])
+        #expect(first.duplicates == [SubscriptionID(TimerSource.self, key: "x")])
+        // Group b is skipped (its input is unchanged) and still reports its duplicate.
+        let second = r.reconcile(set(2))
+        #expect(second.steps.map(\.description) == ["retune timer:x: every 1s -> every 2s"])
+        #expect(second.duplicates == [SubscriptionID(TimerSource.self, key: "x")])
+    }
+
+    @Test func skippedGroupDeliversThroughTheCurrentMapping() throws {
+        struct Parent: Program {
+            struct Model { var phase = 0; var received: [Message] = [] }
+            enum Message: Equatable { case next, child(phase: Int, Int) }
+            func start() -> (Model, [Never]) { (Model(), []) }
+            func update(_ model: inout Model, _ message: Message) -> [Never] {
+                if message == .next { model.phase += 1 } else { model.received.append(message) }
+                return []
+            }
+            func subscriptions(_ model: Model) -> Subscriptions<Message> {
+                let phase = model.phase
+                let child = Subscriptions<Int>.group("child", 0) { _ in
+                    Subscription.every(.seconds(1), key: "c") { _ in 7 }
+                }
+                return child.map { Message.child(phase: phase, $0) }
+            }
+        }
+        let driver = VirtualDriver()
+        let rt = Runtime(Parent(), driver: driver)
+        try rt.start()
+        try rt.send(.next)
+        try rt.send(.next)
+        #expect(rt.stats.starts == 1)
+        // The last reconcile kept the skipped group: nothing to do.
+        #expect(rt.lastPlan.isEmpty && rt.lastPlan.kept == 1)
+        driver.advance(by: .seconds(1))
+        #expect(rt.model.received == [.child(phase: 2, 7)])
+    }
+
+    @Test func verifyingGroupsReportsABodyThatReadsMoreThanItsInput() throws {
+        final class Leak { var interval: Int64 = 1 }
+        let leak = Leak()
+        func set() -> Subscriptions<Int> {
+            Subscriptions.group("g", 0) { _ in Subscription.every(.seconds(leak.interval), key: "t") { _ in 1 } }
+        }
+        let r = Reconciler<Int>()
+        r.verifiesGroups = true
+        #expect(r.reconcile(set()).groupsNotPure.isEmpty)
+        #expect(r.reconcile(set()).groupsNotPure.isEmpty)
+        leak.interval = 2
+        let plan = r.reconcile(set())
+        #expect(plan.groupsNotPure == ["g"])
+        #expect(plan.steps.map(\.description) == ["retune timer:t: every 1s -> every 2s"])
+        // Without verification the same impure body is skipped.
+        let quiet = Reconciler<Int>()
+        leak.interval = 1
+        quiet.reconcile(set())
+        leak.interval = 5
+        #expect(quiet.reconcile(set()).isEmpty)
+    }
+}
