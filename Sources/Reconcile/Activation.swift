@@ -19,7 +19,7 @@ public struct Activation: Hashable, Comparable, Sendable, CustomStringConvertibl
 /// Taggers capture the model's phase; a message queued before the model moved
 /// on carries the old phase, and `update` rejects it by comparing. A one-shot
 /// timer whose identity includes the phase is a debounce.
-public struct Phase: Hashable, Comparable, Sendable, CustomStringConvertible {
+public struct Phase: Hashable, Comparable, Sendable, Codable, CustomStringConvertible {
     /// The phase's number; the initial phase is 0.
     public private(set) var value: UInt64
 

@@ -29,6 +29,10 @@ public final class SystemdDriver: Driver {
     /// How many sources are running now.
     public var runningCount: Int { running.count }
 
+    /// The loop's monotonic time (`sd_event_now`: the time of the current
+    /// iteration's wakeup), stamped on transcript records.
+    public var loopTime: Duration { .microseconds(Int64(clamping: loop.now())) }
+
     public func attach(_ host: any DriverHost) throws -> Waker {
         self.host = host
         let efd = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
