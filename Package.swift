@@ -30,13 +30,15 @@ let package = Package(
         .executableTarget(name: "reconcile-bench",
                           dependencies: ["Reconcile", "ReconcileTesting", "ReconcileSystemd", "CSystemd", "CMallocCounter"],
                           path: "Benchmarks/reconcile-bench", swiftSettings: strict),
-        .testTarget(name: "ReconcileSystemdTests", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd"], swiftSettings: strict),
+        .testTarget(name: "ReconcileSystemdTests", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd", "IndicatorCore", "ReconcileTesting"],
+                    swiftSettings: strict),
         // The connectivity indicator: its pure program (tested with the
         // virtual driver) and the executable that runs it.
         .target(name: "IndicatorCore", dependencies: ["Reconcile"], swiftSettings: strict),
         .executableTarget(name: "connectivity-indicator", dependencies: ["IndicatorCore", "Reconcile", "ReconcileSystemd", "ReconcileTesting"],
                           swiftSettings: strict),
-        .testTarget(name: "IndicatorTests", dependencies: ["IndicatorCore", "Reconcile", "ReconcileTesting"], swiftSettings: strict),
+        .testTarget(name: "IndicatorTests", dependencies: ["IndicatorCore", "Reconcile", "ReconcileTesting"],
+                    exclude: ["Transcripts"], swiftSettings: strict),
         .testTarget(name: "ReconcileTests", dependencies: ["Reconcile", "ReconcileTesting"], swiftSettings: strict),
         .testTarget(name: "ReconcileTestingTests", dependencies: ["Reconcile", "ReconcileTesting", "ReconcileTranscript"], swiftSettings: strict),
     ]

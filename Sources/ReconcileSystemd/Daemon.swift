@@ -29,6 +29,9 @@ public final class Daemon<P: Program> {
         public var recordPath: String?
         /// Bytes after which recording stops (with one notice).
         public var recordSizeLimit = 256 << 20
+        /// The command line to note in the transcript's header (replay tools
+        /// rebuild the program from it); nil: none.
+        public var recordArguments: [String]?
 
         public init() {}
     }
@@ -67,7 +70,8 @@ public final class Daemon<P: Program> {
             perform(command, self)
         }
         if let path = options.recordPath {
-            let recorder = TranscriptRecorder<P>(path: path, sizeLimit: options.recordSizeLimit, logger: options.logger)
+            let recorder = TranscriptRecorder<P>(path: path, sizeLimit: options.recordSizeLimit,
+                                                  arguments: options.recordArguments, logger: options.logger)
             recorder.attach(to: runtime)
             self.recorder = recorder
         }

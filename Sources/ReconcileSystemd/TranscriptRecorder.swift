@@ -40,7 +40,9 @@ public final class TranscriptRecorder<P: Program> {
 
     /// A recorder for programs of type `P` writing to `path`. Nothing is
     /// opened yet: the writer thread opens the file at the first hand-off.
-    public init(path: String, sizeLimit: Int = 256 << 20, backlogLimit: Int = 64 << 20, logger: Logger = Logger()) {
+    /// `arguments` go into the header (the command line, for replay tools).
+    public init(path: String, sizeLimit: Int = 256 << 20, backlogLimit: Int = 64 << 20, arguments: [String]? = nil,
+                logger: Logger = Logger()) {
         self.path = path
         self.sizeLimit = sizeLimit
         self.backlogLimit = backlogLimit
@@ -50,7 +52,7 @@ public final class TranscriptRecorder<P: Program> {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
         let micros = Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
-        encoder.header(program: String(reflecting: P.self), startedAtMicros: micros, startedAt: rfc3339(ts))
+        encoder.header(program: String(reflecting: P.self), startedAtMicros: micros, startedAt: rfc3339(ts), arguments: arguments)
         bytesRecorded = encoder.pendingBytes
     }
 

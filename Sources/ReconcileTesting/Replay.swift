@@ -86,7 +86,7 @@ public enum Replay {
 
         /// Compares what the replay produced since the last check with the
         /// recorded messages and plan of `round`.
-        func check(batch: [Transcript.Line], plan: Transcript.Line?) -> ReplayOutcome<P>? {
+        func check(batch: [Transcript.Line], plan: Transcript.Line?, round: Int64) -> ReplayOutcome<P>? {
             let got = collector.drain()
             if let expectedStart {
                 guard let s = got.start else { return divergence("start", "a start", "none") }
@@ -104,7 +104,6 @@ public enum Replay {
             let expectedPlan = plan.map { planFields($0.value) }
             let gotPlan = got.plan.map { planFields($0) }
             if expectedPlan != gotPlan {
-                let round = plan?.value["round"]?.int.map(String.init) ?? "-"
                 return divergence("plan (round \(round))", expectedPlan?.description ?? "no plan", gotPlan?.description ?? "no plan")
             }
             return nil
@@ -183,12 +182,12 @@ public enum Replay {
                 runtime.replay(items, failed: failedIDs)
             }
             fed += items.count
-            if let d = check(batch: batch, plan: plan) { return d }
+            if let d = check(batch: batch, plan: plan, round: round) { return d }
             expectedStart = nil
         }
         if !started {
             do { try runtime.start() } catch { throw .badLine(line: 1, reason: "the runtime does not start: \(error)") }
-            if let d = check(batch: [], plan: nil) { return d }
+            if let d = check(batch: [], plan: nil, round: 0) { return d }
         }
         return ReplayOutcome(runtime: runtime, driver: driver, divergence: nil, messages: fed)
     }

@@ -143,8 +143,15 @@ public struct Transcript {
         public var type: String { value["type"]?.string ?? "" }
     }
 
+    /// The first line, parsed.
+    public let header: JSONValue
     /// The program type the transcript was recorded from.
     public let program: String
+    /// The command line noted in the header, if any.
+    public var arguments: [String]? {
+        guard case .array(let a)? = header["arguments"] else { return nil }
+        return a.compactMap(\.string)
+    }
     /// The wall-clock start, µs since the epoch, and as RFC 3339 text.
     public let startedAtMicros: Int64
     public let startedAt: String
@@ -197,6 +204,7 @@ public struct Transcript {
         guard version == Int64(TranscriptFormat.version) else { throw .unsupportedVersion(version) }
         guard let program = header["program"]?.string else { throw .notATranscript("the header names no program") }
         self.program = program
+        self.header = header
         startedAtMicros = header["started_at_us"]?.int ?? 0
         startedAt = header["started_at"]?.string ?? ""
         var lines: [Line] = []

@@ -50,7 +50,9 @@ public final class TranscriptEncoder<Message, Command> {
     }
 
     /// Appends the first line: format, version, program type and wall-clock start.
-    public func header(program: String, startedAtMicros: Int64, startedAt: String) {
+    /// `arguments`: the command line the host was started with, for replay
+    /// tools that rebuild the program from it (omitted when nil).
+    public func header(program: String, startedAtMicros: Int64, startedAt: String, arguments: [String]? = nil) {
         let o = json
         o.out.raw("{\"type\":\"header\",\"format\":")
         o.out.string(TranscriptFormat.name)
@@ -62,6 +64,14 @@ public final class TranscriptEncoder<Message, Command> {
         o.out.string(startedAt)
         o.out.raw(",\"started_at_us\":")
         o.out.int(startedAtMicros)
+        if let arguments {
+            o.out.raw(",\"arguments\":[")
+            for (i, a) in arguments.enumerated() {
+                if i > 0 { o.out.byte(UInt8(ascii: ",")) }
+                o.out.string(a)
+            }
+            o.out.byte(UInt8(ascii: "]"))
+        }
         o.out.raw("}\n")
     }
 
