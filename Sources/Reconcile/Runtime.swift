@@ -84,7 +84,8 @@ public final class Runtime<P: Program>: DriverHost {
     public var activeIDs: [SubscriptionID] { reconciler.activeIDs }
 
     /// Attaches the driver, performs the start commands, processes queued
-    /// messages and reconciles for the first time. Idempotent while running.
+    /// messages (those the start commands sent among them, as one batch) and
+    /// reconciles for the first time. Idempotent while running.
     /// - Throws: `RuntimeError.shutDown` after shutdown; the driver's error if
     ///   it cannot attach.
     public func start() throws {
@@ -205,8 +206,8 @@ public final class Runtime<P: Program>: DriverHost {
         let commands = program.update(&model, envelope.message)
         stats.messages += 1
         if let transcript {
-            transcript(.message(index: stats.messages - 1, message: envelope.message, origin: envelope.origin,
-                                time: driver.loopTime, round: rounds, commands: commands))
+            transcript(.message(TranscriptMessage(index: stats.messages - 1, message: envelope.message, origin: envelope.origin,
+                                                  time: driver.loopTime, round: rounds, commands: commands)))
         }
         didCommit?(model)
         for c in commands {

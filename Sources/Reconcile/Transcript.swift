@@ -20,11 +20,34 @@ public enum TranscriptRecord<Message, Command> {
     /// `Runtime.start()`: the start commands, before they are performed.
     case start(time: Duration, commands: [Command])
     /// A message that entered `update`, and the commands it returned.
-    case message(index: Int, message: Message, origin: MessageOrigin, time: Duration, round: Int, commands: [Command])
+    case message(TranscriptMessage<Message, Command>)
     /// A reconcile whose plan was not empty or saw duplicates.
     case plan(Plan, time: Duration, round: Int)
     /// A diagnostic the runtime raised.
     case diagnostic(Diagnostic, time: Duration)
+}
+
+/// A message that entered `update`: its place, origin and time, and the
+/// commands it returned.
+public struct TranscriptMessage<Message, Command> {
+    /// The message's number in the run (0 first), as `RuntimeStats.messages` counts.
+    public var index: Int
+    public var message: Message
+    public var origin: MessageOrigin
+    /// The loop's time when it was processed.
+    public var time: Duration
+    /// The reconcile pass it preceded (see `TranscriptRecord`).
+    public var round: Int
+    public var commands: [Command]
+
+    public init(index: Int, message: Message, origin: MessageOrigin, time: Duration, round: Int, commands: [Command]) {
+        self.index = index
+        self.message = message
+        self.origin = origin
+        self.time = time
+        self.round = round
+        self.commands = commands
+    }
 }
 
 extension Runtime {

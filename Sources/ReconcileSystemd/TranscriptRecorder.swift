@@ -68,7 +68,8 @@ public final class TranscriptRecorder<P: Program> {
         encoder.append(record)
         let added = encoder.pendingBytes - mark
         switch record {
-        case .start(let t, _), .message(_, _, _, let t, _, _), .plan(_, let t, _), .diagnostic(_, let t): lastTime = t
+        case .message(let m): lastTime = m.time
+        case .start(let t, _), .plan(_, let t, _), .diagnostic(_, let t): lastTime = t
         }
         if bytesRecorded + added > sizeLimit {
             encoder.output.bytes.removeSubrange(mark...)

@@ -92,17 +92,17 @@ public final class TranscriptEncoder<Message, Command> {
             o.out.raw("{\"type\":\"start\",\"time_us\":")
             o.out.int(time.wholeMicroseconds)
             appendCommands(commands)
-        case .message(let index, let m, let origin, let time, let round, let commands):
+        case .message(let m):
             o.out.raw("{\"type\":\"message\",\"index\":")
-            o.out.int(Int64(index))
+            o.out.int(Int64(m.index))
             o.out.raw(",\"round\":")
-            o.out.int(Int64(round))
+            o.out.int(Int64(m.round))
             o.out.raw(",\"time_us\":")
-            o.out.int(time.wholeMicroseconds)
+            o.out.int(m.time.wholeMicroseconds)
             o.out.raw(",\"origin\":")
-            appendOrigin(origin)
-            appendPayload(m, message, field: "message")
-            appendCommands(commands)
+            appendOrigin(m.origin)
+            appendPayload(m.message, message, field: "message")
+            appendCommands(m.commands)
         case .plan(let plan, let time, let round):
             o.out.raw("{\"type\":\"plan\",\"round\":")
             o.out.int(Int64(round))
@@ -194,9 +194,12 @@ public final class TranscriptEncoder<Message, Command> {
             let mark = o.out.bytes.count
             o.out.raw("\"commands\":[")
             do {
-                for (i, c) in commands.enumerated() {
+                // Index loops: no generic iterator metadata per record.
+                var i = 0
+                while i < commands.count {
                     if i > 0 { o.out.byte(UInt8(ascii: ",")) }
-                    try encode(c, o)
+                    try encode(commands[i], o)
+                    i += 1
                 }
                 o.out.byte(UInt8(ascii: "]"))
                 return
@@ -209,9 +212,11 @@ public final class TranscriptEncoder<Message, Command> {
             }
         }
         o.out.raw("\"command_kinds\":[")
-        for (i, c) in commands.enumerated() {
+        var i = 0
+        while i < commands.count {
             if i > 0 { o.out.byte(UInt8(ascii: ",")) }
-            o.out.string(kind(of: c))
+            o.out.string(kind(of: commands[i]))
+            i += 1
         }
         o.out.byte(UInt8(ascii: "]"))
     }
@@ -311,10 +316,8 @@ struct PayloadCoder<T> {
 
     static func coder<E: Encodable>(for type: E.Type) -> (T, StreamingJSONEncoder) throws -> Void {
         { value, json in
-            // T is E (the cast above succeeded for T.self): view the value as E.
-            try withUnsafePointer(to: value) { p in
-                try p.withMemoryRebound(to: E.self, capacity: 1) { try json.encode($0.pointee) }
-            }
+            // T is E (the cast above succeeded for T.self).
+            try json.encode(unsafeBitCast(value, to: E.self))
         }
     }
 }
