@@ -8,6 +8,7 @@ need pkg-config
 need iproute2
 need dbus-daemon
 need systemd
+need strace
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" != 0 ]; then
     echo "missing packages:$missing (run as root or install them)" >&2

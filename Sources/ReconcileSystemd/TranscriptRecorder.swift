@@ -188,9 +188,12 @@ final class WriterShared: Sendable {
     func run() {
         defer { done.post() }
         let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0o600)
+        var st = stat()
         if fd < 0 {
             fail("cannot open for writing: \(String(cString: strerror(errno)))")
-        } else if fchmod(fd, 0o600) != 0 {
+        } else if fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, fchmod(fd, 0o600) != 0 {
+            // An existing regular file keeps its old mode through O_CREAT: make
+            // it private too (a device such as /dev/null is left alone).
             fail("cannot make it private (mode 0600): \(String(cString: strerror(errno)))")
         }
         defer { if fd >= 0 { Glibc.close(fd) } }
