@@ -8,12 +8,14 @@
 /// that sibling first (synthesized `Codable` never does this). Non-finite
 /// floating-point values throw, as in `JSONEncoder`.
 public final class StreamingJSONEncoder {
+    // One thread uses an encoder at a time (the loop's): the dynamic
+    // exclusivity checks on these, paid per byte run written, are skipped.
     /// The text written so far.
-    public var out: JSONOutput
+    @exclusivity(unchecked) public var out: JSONOutput
     /// The closing byte of each open container, outermost first.
-    var closers: [UInt8] = []
+    @exclusivity(unchecked) var closers: [UInt8] = []
     /// Whether each open container has an element yet.
-    var hasElement: [Bool] = []
+    @exclusivity(unchecked) var hasElement: [Bool] = []
 
     public init(capacity: Int = 0) { out = JSONOutput(capacity: capacity) }
 
