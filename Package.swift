@@ -11,12 +11,15 @@ let package = Package(
         .library(name: "Reconcile", targets: ["Reconcile"]),
         .library(name: "ReconcileTesting", targets: ["ReconcileTesting"]),
         .library(name: "ReconcileSystemd", targets: ["ReconcileSystemd"]),
+        .library(name: "ReconcileTranscript", targets: ["ReconcileTranscript"]),
     ],
     targets: [
         .target(name: "Reconcile", swiftSettings: strict),
-        .target(name: "ReconcileTesting", dependencies: ["Reconcile"], swiftSettings: strict),
+        .target(name: "ReconcileTesting", dependencies: ["Reconcile", "ReconcileTranscript"], swiftSettings: strict),
+        // Transcripts as JSON Lines: the encoder the recorder and replay share.
+        .target(name: "ReconcileTranscript", dependencies: ["Reconcile"], swiftSettings: strict),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
-        .target(name: "ReconcileSystemd", dependencies: ["Reconcile", "CSystemd"], swiftSettings: strict),
+        .target(name: "ReconcileSystemd", dependencies: ["Reconcile", "CSystemd", "ReconcileTranscript"], swiftSettings: strict),
         // A small daemon the driver tests run as a child process (signals,
         // sd_notify, the watchdog and shutdown are process-wide).
         .executableTarget(name: "reconcile-probe", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd"],
@@ -27,14 +30,16 @@ let package = Package(
         .executableTarget(name: "reconcile-bench",
                           dependencies: ["Reconcile", "ReconcileTesting", "ReconcileSystemd", "CSystemd", "CMallocCounter"],
                           path: "Benchmarks/reconcile-bench", swiftSettings: strict),
-        .testTarget(name: "ReconcileSystemdTests", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd"], swiftSettings: strict),
+        .testTarget(name: "ReconcileSystemdTests", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd", "IndicatorCore", "ReconcileTesting"],
+                    swiftSettings: strict),
         // The connectivity indicator: its pure program (tested with the
         // virtual driver) and the executable that runs it.
         .target(name: "IndicatorCore", dependencies: ["Reconcile"], swiftSettings: strict),
-        .executableTarget(name: "connectivity-indicator", dependencies: ["IndicatorCore", "Reconcile", "ReconcileSystemd"],
+        .executableTarget(name: "connectivity-indicator", dependencies: ["IndicatorCore", "Reconcile", "ReconcileSystemd", "ReconcileTesting"],
                           swiftSettings: strict),
-        .testTarget(name: "IndicatorTests", dependencies: ["IndicatorCore", "Reconcile", "ReconcileTesting"], swiftSettings: strict),
+        .testTarget(name: "IndicatorTests", dependencies: ["IndicatorCore", "Reconcile", "ReconcileTesting"],
+                    exclude: ["Transcripts"], swiftSettings: strict),
         .testTarget(name: "ReconcileTests", dependencies: ["Reconcile", "ReconcileTesting"], swiftSettings: strict),
-        .testTarget(name: "ReconcileTestingTests", dependencies: ["Reconcile", "ReconcileTesting"], swiftSettings: strict),
+        .testTarget(name: "ReconcileTestingTests", dependencies: ["Reconcile", "ReconcileTesting", "ReconcileTranscript"], swiftSettings: strict),
     ]
 )

@@ -9,6 +9,7 @@ need iproute2
 need dbus-daemon
 need systemd
 need jq
+need strace
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" != 0 ]; then
     echo "missing packages:$missing (run as root or install them)" >&2

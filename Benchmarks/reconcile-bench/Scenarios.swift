@@ -1,4 +1,6 @@
+import Glibc
 import Reconcile
+import ReconcileSystemd
 import ReconcileTesting
 
 // The benchmarks over the virtual driver: reconcile (identities replaced),
@@ -157,21 +159,36 @@ final class MessagesCase: Benchmark {
     let message: BenchMessage
     let rebuild: Bool
     let batch: Int
+    /// Record the transcript to a temporary file (the recording-on column).
+    let record: Bool
+    private var recorder: TranscriptRecorder<CounterProgram>?
+    private var recordDirectory: String?
     private var runtime: Runtime<CounterProgram>?
     private var driver: VirtualDriver?
     private(set) var problems: [String] = []
     private var before = RuntimeStats()
 
-    init(set: Subscriptions<BenchMessage>, message: BenchMessage, rebuild: Bool, batch: Int) {
+    init(set: Subscriptions<BenchMessage>, message: BenchMessage, rebuild: Bool, batch: Int, record: Bool = false) {
         self.set = set
         self.message = message
         self.rebuild = rebuild
         self.batch = batch
+        self.record = record
     }
 
     func setUp() {
         let driver = VirtualDriver()
         let runtime = Runtime(CounterProgram(set: set, rebuild: rebuild), driver: driver)
+        if record {
+            let tmp = getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp"
+            var template = Array("\(tmp)/reconcile-bench-XXXXXX".utf8CString)
+            let dir = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!).map { String(cString: $0) } }
+            recordDirectory = dir
+            let recorder = TranscriptRecorder<CounterProgram>(
+                path: (dir ?? tmp) + "/messages.jsonl", sizeLimit: .max, backlogLimit: 1 << 30)
+            recorder.attach(to: runtime)
+            self.recorder = recorder
+        }
         try! runtime.start()
         self.driver = driver
         self.runtime = runtime
@@ -192,9 +209,16 @@ final class MessagesCase: Benchmark {
         let sent = s.messages - before.messages
         if message == 0 && s.skippedReconciles - before.skippedReconciles != sent { problems.append("reconciles not skipped") }
         if message == 1 && s.reconciles - before.reconciles != sent { problems.append("reconciles skipped") }
+        if let recorder, !recorder.isRecording { problems.append("recording stopped") }
     }
 
     func tearDown() {
+        recorder?.finish(timeout: .seconds(30))
+        recorder = nil
+        if let dir = recordDirectory {
+            unlink(dir + "/messages.jsonl")
+            rmdir(dir)
+        }
         runtime = nil
         driver = nil
     }
@@ -209,14 +233,22 @@ func messagesBenchmark(table: SetTable, budget: Budget, into records: inout [Rec
     if table.size == 1_000 { variants.append(("changed model, set rebuilt", 1, true)) }
     for (variant, message, rebuild) in variants {
         let batch = message == 0 ? 1_000 : max(1, 100_000 / table.size / (rebuild ? 100 : 1))
-        let c = MessagesCase(set: set, message: message, rebuild: rebuild, batch: batch)
-        let m = measure(c, budget, unitsPerRun: batch, after: c.finish)
-        for p in c.problems { warn("messages \(variant) size \(table.size): \(p)") }
-        records.append(Record(
-            benchmark: "messages: " + variant, implementation: Implementation.ours.rawValue, size: table.size, churn: nil,
-            unit: "message", runs: m.runs, medianNanos: m.median, p99Nanos: m.p99,
-            perSubscription: message != 0, driverCalls: 0, allocations: m.allocationsPerRun,
-            extra: [("messages_per_second", 1e9 / m.median), ("batch", Double(batch))]))
-        progress("messages \(variant) \(table.size): \(duration(m.median))")
+        // The recording-on column: the same case with the transcript
+        // recorded to a file, measured right after (same run).
+        var withoutRecording = 0.0
+        for record in rebuild ? [false] : [false, true] {
+            let c = MessagesCase(set: set, message: message, rebuild: rebuild, batch: batch, record: record)
+            let m = measure(c, budget, unitsPerRun: batch, after: c.finish)
+            let name = variant + (record ? ", recording" : "")
+            for p in c.problems { warn("messages \(name) size \(table.size): \(p)") }
+            var extra = [("messages_per_second", 1e9 / m.median), ("batch", Double(batch))]
+            if record { extra.append(("throughput_vs_not_recording", withoutRecording / m.median)) } else { withoutRecording = m.median }
+            records.append(Record(
+                benchmark: "messages: " + name, implementation: Implementation.ours.rawValue, size: table.size, churn: nil,
+                unit: "message", runs: m.runs, medianNanos: m.median, p99Nanos: m.p99,
+                perSubscription: message != 0, driverCalls: 0, allocations: m.allocationsPerRun,
+                extra: extra))
+            progress("messages \(name) \(table.size): \(duration(m.median))")
+        }
     }
 }

@@ -198,9 +198,10 @@ if !memory.isEmpty {
 let messages = records.filter { $0.benchmark.hasPrefix("messages") }
 if !messages.isEmpty {
     print("### messages through the runtime (median per message over batches)\n")
-    printTable(["case", "subscriptions", "median/message", "p99 of batch means", "messages/s", "allocs/message"], messages.map {
+    printTable(["case", "subscriptions", "median/message", "p99 of batch means", "messages/s", "allocs/message", "recording on / off"], messages.map {
         [String($0.benchmark.dropFirst("messages: ".count)), grouped($0.size), duration($0.medianNanos), duration($0.p99Nanos),
-         grouped(Int($0.extra("messages_per_second") ?? 0)), significant($0.allocations ?? .nan)]
+         grouped(Int($0.extra("messages_per_second") ?? 0)), significant($0.allocations ?? .nan),
+         $0.extra("throughput_vs_not_recording").map { fixed($0, 2) + "×" } ?? ""]
     })
 }
 

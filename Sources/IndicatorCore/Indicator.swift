@@ -47,7 +47,7 @@ public struct Indicator: Program {
         case configRead(path: String, contents: String?)
     }
 
-    public enum Command: Equatable, Sendable {
+    public enum Command: Equatable, Sendable, Codable {
         /// Read the config file and answer with `.configRead`.
         case readConfig(String)
         /// Tell the operator about the configuration (stderr / journal).

@@ -23,7 +23,7 @@ public struct Activation: Hashable, Comparable, Sendable, CustomStringConvertibl
 /// `Subscription.debounce(_:phase:after:_:)` makes a one-shot timer whose
 /// identity is a name plus the phase: a debounce. A bare phase is not a timer
 /// key (two debouncers would collide when their counters are equal).
-public struct Phase: Hashable, Comparable, Sendable, CustomStringConvertible {
+public struct Phase: Hashable, Comparable, Sendable, Codable, CustomStringConvertible {
     /// The phase's number; the initial phase is 0.
     public private(set) var value: UInt64
 

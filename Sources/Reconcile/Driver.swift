@@ -24,6 +24,14 @@ public protocol Driver: AnyObject {
 
     /// Disconnects the runtime after its last stop (shutdown).
     func detach()
+
+    /// The loop's monotonic time now (sd-event: `sd_event_now`; virtual
+    /// drivers: their clock), stamped on transcript records. Default: zero.
+    var loopTime: Duration { get }
+}
+
+extension Driver {
+    public var loopTime: Duration { .zero }
 }
 
 /// The runtime side a driver calls back into.

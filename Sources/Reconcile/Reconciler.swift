@@ -183,6 +183,9 @@ public final class Reconciler<Message> {
     /// The message `source` makes of `event` (poster events).
     func message(for event: Any, from source: ActiveSource) -> Message? { link.message(for: event, from: source) }
 
+    /// The running source with identity `id`, if any.
+    func active(_ id: SubscriptionID) -> ActiveSource? { engine.table.find(id) }
+
     /// Removes and returns every active source, in activation order (shutdown).
     func removeAll() -> [ActiveSource] { engine.removeAll() }
 }

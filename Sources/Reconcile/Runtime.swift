@@ -22,6 +22,7 @@ public final class Runtime<P: Program>: DriverHost {
     struct Envelope {
         let message: P.Message
         let source: ActiveSource?
+        let origin: MessageOrigin
     }
 
     enum State { case idle, running, shutDown }
@@ -43,6 +44,9 @@ public final class Runtime<P: Program>: DriverHost {
     public var didReconcile: ((Plan) -> Void)?
     /// Called for each diagnostic (duplicates, failures, late deliveries).
     public var diagnostics: ((Diagnostic) -> Void)?
+    /// Called with each transcript record (start, message, plan,
+    /// diagnostic) on the loop thread; see `TranscriptRecord`.
+    public var transcript: ((TranscriptRecord<P.Message, P.Command>) -> Void)?
 
     let driver: any Driver
     let perform: (P.Command, Runtime<P>) -> Void
@@ -56,6 +60,8 @@ public final class Runtime<P: Program>: DriverHost {
     var startCommands: [P.Command]
     var posterSources: [Activation: ActiveSource] = [:]
     var retiredPosters = 0
+    /// Reconcile passes so far (skipped ones included): a transcript's round.
+    var rounds = 0
 
     /// A runtime for `program` on `driver`.
     /// - Parameters:
@@ -90,7 +96,8 @@ public final class Runtime<P: Program>: DriverHost {
     }
 
     /// Attaches the driver, performs the start commands, processes queued
-    /// messages and reconciles for the first time. Idempotent while running.
+    /// messages (those the start commands sent among them, as one batch) and
+    /// reconciles for the first time. Idempotent while running.
     /// - Throws: `RuntimeError.shutDown` after shutdown; the driver's error if
     ///   it cannot attach.
     public func start() throws {
@@ -103,11 +110,16 @@ public final class Runtime<P: Program>: DriverHost {
         state = .running
         let commands = startCommands
         startCommands = []
+        transcript?(.start(time: driver.loopTime, commands: commands))
         didCommit?(model)
+        // Messages the start commands send wait for the first drain below
+        // (one batch, as a transcript records it).
+        draining = true
         for c in commands {
             perform(c, self)
-            if state != .running { return }
+            if state != .running { draining = false; return }
         }
+        draining = false
         moveInbox()
         drainAndReconcile(force: true)
     }
@@ -117,7 +129,7 @@ public final class Runtime<P: Program>: DriverHost {
     /// - Throws: `RuntimeError.shutDown` after shutdown.
     public func send(_ message: P.Message) throws(RuntimeError) {
         guard state != .shutDown else { throw .shutDown }
-        enqueue(message, from: nil)
+        enqueue(message, from: nil, origin: .host)
     }
 
     /// Moves cross-thread messages and events into the mailbox and processes
@@ -145,14 +157,14 @@ public final class Runtime<P: Program>: DriverHost {
     private func envelope(_ item: Inbox<P.Message>.Item) -> Envelope? {
         switch item {
         case .message(let m):
-            return Envelope(message: m, source: nil)
+            return Envelope(message: m, source: nil, origin: .sender)
         case .event(let activation, let event):
             guard let source = posterSources[activation] else { return nil }
             guard let m = reconciler.message(for: event, from: source) else {
                 report(.eventTypeMismatch(source.id, String(describing: type(of: event))))
                 return nil
             }
-            return Envelope(message: m, source: source)
+            return Envelope(message: m, source: source, origin: .source(source.id, source.activation))
         }
     }
 
@@ -193,6 +205,7 @@ public final class Runtime<P: Program>: DriverHost {
             guard mustReconcile else { return }
             mustReconcile = false
             reconcile()
+            rounds += 1
             if head >= mailbox.count { return }
         }
     }
@@ -204,6 +217,10 @@ public final class Runtime<P: Program>: DriverHost {
         }
         let commands = program.update(&model, envelope.message)
         stats.messages += 1
+        if let transcript {
+            transcript(.message(TranscriptMessage(index: stats.messages - 1, message: envelope.message, origin: envelope.origin,
+                                                  time: driver.loopTime, round: rounds, commands: commands)))
+        }
         didCommit?(model)
         for c in commands {
             perform(c, self)
@@ -241,6 +258,7 @@ public final class Runtime<P: Program>: DriverHost {
         }
         lastPlan = plan
         if !plan.isEmpty || !plan.duplicates.isEmpty {
+            transcript?(.plan(plan, time: driver.loopTime, round: rounds))
             didReconcile?(plan)
         }
     }
@@ -263,8 +281,12 @@ public final class Runtime<P: Program>: DriverHost {
 
 extension Runtime: MessageSink {
     func enqueue(_ message: P.Message, from source: ActiveSource?) {
+        enqueue(message, from: source, origin: source.map { .source($0.id, $0.activation) } ?? .host)
+    }
+
+    func enqueue(_ message: P.Message, from source: ActiveSource?, origin: MessageOrigin) {
         guard state != .shutDown else { return }
-        mailbox.append(Envelope(message: message, source: source))
+        mailbox.append(Envelope(message: message, source: source, origin: origin))
         if state == .running { drainAndReconcile(force: false) }
     }
 
@@ -274,6 +296,7 @@ extension Runtime: MessageSink {
         case .eventAfterStop, .eventTypeMismatch: stats.droppedEvents += 1
         case .duplicateIdentity, .lateDelivery, .groupDependsOnMoreThanInput: break
         }
+        transcript?(.diagnostic(diagnostic, time: driver.loopTime))
         diagnostics?(diagnostic)
     }
 

@@ -26,6 +26,14 @@ public final class Daemon<P: Program> {
         public var logger = Logger()
         /// How many cross-thread messages may wait.
         public var inboxCapacity = 4096
+        /// Record the run's transcript to this file (JSON Lines, mode 0600;
+        /// Docs/Replay.md). Written off the loop thread.
+        public var recordPath: String?
+        /// Bytes after which recording stops (with one notice).
+        public var recordSizeLimit = 256 << 20
+        /// The command line to note in the transcript's header (replay tools
+        /// rebuild the program from it); nil: none.
+        public var recordArguments: [String]?
 
         /// The defaults: SIGTERM and SIGINT shut down, notify and watchdog on, info logging.
         public init() {}
@@ -44,6 +52,8 @@ public final class Daemon<P: Program> {
     /// Called after each committed model (render here); `Daemon` itself
     /// uses the runtime's `didCommit` for `STATUS=`.
     public var didCommit: ((P.Model) -> Void)?
+    /// The transcript recorder when `Options.recordPath` is set.
+    public private(set) var recorder: TranscriptRecorder<P>?
 
     private var state = State.idle
     private var shutdownSources: [EventSource] = []
@@ -51,6 +61,7 @@ public final class Daemon<P: Program> {
     private var lastStatus: String?
     private var ready = false
     private var exitCode: Int32 = 0
+    private var flushHook: SignalHook?
 
     /// A daemon running `program`; `perform` interprets its commands.
     /// - Throws: `SystemdError` if the loop cannot be created.
@@ -60,6 +71,12 @@ public final class Daemon<P: Program> {
         driver = SystemdDriver(loop: loop, logger: options.logger)
         runtime = Runtime(program, driver: driver, inboxCapacity: options.inboxCapacity) { [unowned self] command, _ in
             perform(command, self)
+        }
+        if let path = options.recordPath {
+            let recorder = TranscriptRecorder<P>(path: path, sizeLimit: options.recordSizeLimit,
+                                                  arguments: options.recordArguments, logger: options.logger)
+            recorder.attach(to: runtime)
+            self.recorder = recorder
         }
         wire()
     }
@@ -77,6 +94,7 @@ public final class Daemon<P: Program> {
         case .idle: break
         }
         try installShutdownSignals()
+        try installRecorderFlush()
         state = .running
         try runtime.start()
         // READY after the first reconcile, with the status at that moment;
@@ -109,10 +127,26 @@ public final class Daemon<P: Program> {
         state = .stopped
         if options.notify { ServiceManager.notify("STOPPING=1") }
         let report = runtime.shutdown()
+        recorder?.finish(reason: "shutdown")
         for s in shutdownSources { s.close() }
         shutdownSources = []
         logger.notice("shutdown (\(reason)): stopped \(report.stopped.count) source(s), dropped \(report.dropped.count) queued message(s)",
                       ["STOPPED": "\(report.stopped.count)", "DROPPED": "\(report.dropped.count)"])
+    }
+
+    /// Hands recorded records to the writer thread whenever the loop has
+    /// dispatched something (an sd-event post source), so the file trails
+    /// the run by one loop iteration.
+    private func installRecorderFlush() throws {
+        guard let recorder else { return }
+        let hook = SignalHook { _ in recorder.flush() }
+        flushHook = hook
+        var s: OpaquePointer?
+        try check("sd_event_add_post", sd_event_add_post(loop.handle, &s, { _, ud in
+            Unmanaged<SignalHook>.fromOpaque(ud!).takeUnretainedValue().action(0)
+            return 0
+        }, Unmanaged.passUnretained(hook).toOpaque()))
+        shutdownSources.append(EventSource(s!))
     }
 
     private func installShutdownSignals() throws {

@@ -37,6 +37,10 @@ public final class SystemdDriver: Driver {
     /// How many sources are running now.
     public var runningCount: Int { running }
 
+    /// The loop's monotonic time (`sd_event_now`: the time of the current
+    /// iteration's wakeup), stamped on transcript records.
+    public var loopTime: Duration { .microseconds(Int64(clamping: loop.now())) }
+
     /// Connects the runtime: an eventfd on the loop pumps its inbox when woken.
     public func attach(_ host: any DriverHost) throws -> Waker {
         self.host = host

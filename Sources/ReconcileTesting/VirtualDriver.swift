@@ -64,6 +64,13 @@ public final class VirtualDriver: Driver {
     /// The virtual time since the driver was created.
     public var now: Duration { .microseconds(nowMicros) }
 
+    /// The loop time stamped on transcript records: the virtual clock.
+    public var loopTime: Duration { now }
+
+    /// Whether timers fire on their own as the clock moves (default). A
+    /// replay turns this off: every message comes from the transcript.
+    public var firesTimers = true
+
     /// The identities running now.
     public var runningIDs: Set<SubscriptionID> { Set(running.keys) }
 
@@ -136,7 +143,7 @@ public final class VirtualDriver: Driver {
     /// reconciled, before the next one), then pumps the inbox.
     public func advance(by duration: Duration) {
         let target = nowMicros + duration.microseconds
-        while let (activation, due) = nextDue(before: target) {
+        while firesTimers, let (activation, due) = nextDue(before: target) {
             nowMicros = due
             fire(activation, missed: 0)
         }
@@ -148,7 +155,7 @@ public final class VirtualDriver: Driver {
     /// fires each overdue timer once, reporting how many due times it missed.
     public func stall(for duration: Duration) {
         nowMicros += duration.microseconds
-        let overdue = timers.filter { $0.value.due <= nowMicros }.sorted { $0.value.due < $1.value.due }
+        let overdue = !firesTimers ? [] : timers.filter { $0.value.due <= nowMicros }.sorted { $0.value.due < $1.value.due }
         for (activation, t) in overdue {
             guard timers[activation] != nil else { continue }
             let passed = UInt64((nowMicros - t.origin) / t.interval) - t.sequence

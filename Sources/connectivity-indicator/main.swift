@@ -20,6 +20,11 @@ let help = """
       --exclude GLOB             not these interfaces (repeatable)
       --settle DURATION          report a state only after it held this long (2s, 500ms)
       --config FILE              key = value settings, watched and applied live
+      --record FILE              record the session's transcript to FILE (mode 0600)
+      --replay FILE              print what a recorded session printed, from its
+                                 transcript (no netlink, no bus); exit 3 when FILE
+                                 is not a transcript of this program, 4 when the
+                                 program now decides differently
       --help, --version
 
     examples:
@@ -52,6 +57,8 @@ struct Options {
     var format = OutputFormat.text
     var config: String?
     var once = false
+    var record: String?
+    var replay: String?
 }
 
 func parseArguments(_ args: [String]) -> Options {
@@ -86,8 +93,10 @@ func parseArguments(_ args: [String]) -> Options {
             let v = value(a)
             guard v.hasPrefix("/") || !v.isEmpty else { fail("bad value '' for --config (accepted: a file path)") }
             o.config = v.hasPrefix("/") ? v : currentDirectory() + "/" + v
+        case "--record": o.record = value(a)
+        case "--replay": o.replay = value(a)
         default:
-            fail("unknown option '\(a)' (accepted: --format, --once, --backend, --include, --exclude, --settle, --config, --help, --version)")
+            fail("unknown option '\(a)' (accepted: --format, --once, --backend, --include, --exclude, --settle, --config, --record, --replay, --help, --version)")
         }
         i += 1
     }
@@ -126,12 +135,17 @@ func nowMicros() -> Int64 {
 do { try Signals.block() } catch { fail("cannot block signals: \(error)") }
 
 let options = parseArguments(Array(CommandLine.arguments.dropFirst()))
+if let path = options.replay { replaySession(path) }
 let terminal = isatty(1) == 1 && options.format == .text
 let renderer = Renderer(format: options.format, terminal: terminal)
 let program = Indicator(base: options.settings, format: options.format, configPath: options.config, once: options.once)
 
 var daemonOptions = Daemon<Indicator>.Options()
 daemonOptions.logger = Logger(level: .notice)
+if let path = options.record {
+    daemonOptions.recordPath = path
+    daemonOptions.recordArguments = recordedArguments(Array(CommandLine.arguments.dropFirst()), options)
+}
 do {
     let daemon = try Daemon(program, options: daemonOptions) { command, daemon in
         switch command {

@@ -1,0 +1,64 @@
+// --record / --replay glue: the transcript's header keeps the command line,
+// and a replay rebuilds the program and the renderer from it.
+import Glibc
+import IndicatorCore
+import Reconcile
+import ReconcileTesting
+
+/// The command line to note in a transcript: without `--record FILE`, with
+/// the config path made absolute (it is part of a subscription's identity).
+func recordedArguments(_ args: [String], _ options: Options) -> [String] {
+    var out: [String] = []
+    var i = 0
+    while i < args.count {
+        switch args[i] {
+        case "--record", "--replay": i += 2; continue
+        case "--config":
+            out += ["--config", options.config ?? (i + 1 < args.count ? args[i + 1] : "")]
+            i += 2
+            continue
+        default: out.append(args[i])
+        }
+        i += 1
+    }
+    return out
+}
+
+/// Prints what the recorded session printed and exits: 0 when the replay
+/// matched the recording, 3 when the file is not a usable transcript of this
+/// program, 4 when the program now decides differently (the first
+/// divergence goes to stderr).
+func replaySession(_ path: String) -> Never {
+    func stop(_ message: String, _ code: Int32) -> Never {
+        var bytes = Array("connectivity-indicator: \(message)\n".utf8)
+        _ = write(2, &bytes, bytes.count)
+        exit(code)
+    }
+    let transcript: Transcript
+    do { transcript = try Transcript(contentsOf: path) } catch { stop("\(error)", 3) }
+    let name = String(reflecting: Indicator.self)
+    guard transcript.program == name else {
+        stop("\(TranscriptError.programMismatch(expected: name, found: transcript.program))", 3)
+    }
+    let o = parseArguments(recordedArguments(transcript.arguments ?? [], Options()))
+    let terminal = isatty(1) == 1 && o.format == .text
+    let renderer = Renderer(format: o.format, terminal: terminal)
+    let program = Indicator(base: o.settings, format: o.format, configPath: o.config, once: o.once)
+    let start = transcript.startedAtMicros
+    var last: String?
+    do {
+        let outcome = try Replay.run(program, transcript) { runtime, driver in
+            runtime.didCommit = { model in
+                let (s, a) = driver.now.components
+                guard let line = renderer.render(model, now: start + s * 1_000_000 + a / 1_000_000_000_000), line != last else { return }
+                last = line
+                out(terminal ? line : line + "\n")
+            }
+        }
+        if terminal { out("\n") }
+        if let d = outcome.divergence { stop("\(d)", 4) }
+        exit(0)
+    } catch {
+        stop("\(error)", 3)
+    }
+}
