@@ -115,7 +115,7 @@ func loopTimersBenchmark(count: Int, rounds: Int, into records: inout [Record]) 
     let rig = try LoopRig([.none, timers])
     let raw = RawLoop()
     var sources = [OpaquePointer?](repeating: nil, count: count)
-    let intervals = (0..<count).map { UInt64(timerInterval($0).microseconds) }
+    let intervals = (0..<count).map { usec(timerInterval($0)) }
     let liveBefore = EventSourceAccounting.live
     startStopBenchmark("loop-timers", count: count, rounds: rounds,
         ours: { _ in ({ rig.select(1) }, { rig.select(0) }) },
@@ -251,7 +251,7 @@ func latenessBenchmark(ticks: Int, interval: Duration, into records: inout [Reco
     let loop = try EventLoop()
     try loop.runOnce(timeout: .zero)
     let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
-    probe.interval = UInt64(interval.microseconds)
+    probe.interval = usec(interval)
     probe.origin = loop.now()   // what the timer runner reads when it starts, in this same iteration
     let runtime = Runtime(TickProgram(probe: probe, interval: interval), driver: driver)
     try runtime.start()

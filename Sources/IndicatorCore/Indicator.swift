@@ -45,6 +45,9 @@ public struct Indicator: Program {
         case configQuiet(Phase)
         case reload
         case configRead(path: String, contents: String?)
+        /// The config file was not read, and why (not a regular file, too
+        /// large, an open or read error).
+        case configUnreadable(path: String, reason: String)
     }
 
     public enum Command: Equatable, Sendable, Codable {
@@ -99,6 +102,9 @@ public struct Indicator: Program {
             return configPath.map { [.readConfig($0)] } ?? []
         case .reload:
             return configPath.map { [.readConfig($0)] } ?? []
+        case .configUnreadable(let path, let reason):
+            model.configProblem = "\(path): \(reason)"
+            return [.log("config \(path) cannot be read: \(reason): keeping the last good configuration")]
         case .configRead(let path, let contents):
             guard let contents else {
                 return [.log("config \(path) cannot be read: keeping the last good configuration")]

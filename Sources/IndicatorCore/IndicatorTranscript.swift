@@ -16,6 +16,7 @@ enum MessageCoding: Codable {
     case configQuiet(Phase)
     case reload
     case configRead(path: String, contents: String?)
+    case configUnreadable(path: String, reason: String)
 
     init(_ m: Indicator.Message) {
         switch m {
@@ -25,6 +26,7 @@ enum MessageCoding: Codable {
         case .configQuiet(let p): self = .configQuiet(p)
         case .reload: self = .reload
         case .configRead(let path, let contents): self = .configRead(path: path, contents: contents)
+        case .configUnreadable(let path, let reason): self = .configUnreadable(path: path, reason: reason)
         }
     }
 
@@ -37,6 +39,7 @@ enum MessageCoding: Codable {
             case .configQuiet(let p): .configQuiet(p)
             case .reload: .reload
             case .configRead(let path, let contents): .configRead(path: path, contents: contents)
+            case .configUnreadable(let path, let reason): .configUnreadable(path: path, reason: reason)
             }
         }
     }

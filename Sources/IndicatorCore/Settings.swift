@@ -18,6 +18,14 @@ public struct Settings: Equatable, Sendable {
 
     /// The keys a config file may set.
     public static let keys = ["backend", "include", "exclude", "settle", "show_since", "color"]
+
+    /// The longest settle time accepted (`--settle`, `settle =`): one day.
+    /// Longer is a mistake (`3000000h`), reported as one.
+    public static let maximumSettle: Duration = .seconds(86_400)
+
+    /// The largest config file read: 1 MiB. A larger one is not read (it is
+    /// reported), so a huge file cannot stall the loop.
+    public static let maximumConfigSize = 1 << 20
 }
 
 /// A config file error: which line and why.
@@ -33,7 +41,7 @@ public struct ConfigError: Error, Equatable, Sendable, CustomStringConvertible {
 ///     backend = auto            # auto | kernel | networkd
 ///     include = eth*, wl*       # globs, comma separated
 ///     exclude = docker*, veth*
-///     settle = 2s               # a duration: 500ms, 2s, 1m; 0 for none
+///     settle = 2s               # a duration: 500ms, 2s, 1m (at most 24h); 0 for none
 ///     show_since = yes          # yes | no
 ///     color = yes               # yes | no
 public func parseConfig(_ text: String, base: Settings) -> Result<Settings, ConfigError> {
@@ -59,7 +67,7 @@ public func parseConfig(_ text: String, base: Settings) -> Result<Settings, Conf
             if key == "include" { s.connectivity.include = globs } else { s.connectivity.exclude = globs }
         case "settle":
             guard let d = parseDuration(value) else {
-                return .failure(ConfigError(line: line, message: "bad settle '\(value)' (a duration: 500ms, 2s, 1m, or 0)"))
+                return .failure(ConfigError(line: line, message: "bad settle '\(value)' (a duration from 0 to \(Settings.maximumSettle.short): 500ms, 2s, 1m, or 0)"))
             }
             s.connectivity.settle = d == .zero ? nil : d
         case "show_since", "color":
@@ -74,15 +82,19 @@ public func parseConfig(_ text: String, base: Settings) -> Result<Settings, Conf
     return .success(s)
 }
 
-/// `500ms`, `2s`, `1.5s`, `1m`, `0`.
-public func parseDuration(_ text: String) -> Duration? {
+/// `500ms`, `2s`, `1.5s`, `1m`, `1h`, `0` (rounded to whole microseconds);
+/// nil for anything else, a negative number or more than `maximum`.
+public func parseDuration(_ text: String, maximum: Duration = Settings.maximumSettle) -> Duration? {
     let t = text.trimmed
     if t == "0" { return .zero }
     let units: [(String, Double)] = [("ms", 1e-3), ("s", 1), ("m", 60), ("h", 3600)]
     for (suffix, scale) in units where t.hasSuffix(suffix) {
         let number = t.dropLast(suffix.count)
-        guard let v = Double(number), v >= 0, v.isFinite, v < 1e9 else { return nil }
-        return .microseconds(Int64((v * scale * 1_000_000).rounded()))
+        guard let v = Double(number), v >= 0, v.isFinite else { return nil }
+        // Bounded before converting: the microseconds fit in Int64.
+        let us = (v * scale * 1_000_000).rounded()
+        guard us <= Double(maximum.saturatingMicroseconds), us < 0x1p63 else { return nil }
+        return .microseconds(Int64(us))
     }
     return nil
 }

@@ -100,7 +100,9 @@ final class ConnectivityReporter {
     private func armSettle(_ settle: Duration) {
         cancelSettle()
         var s: OpaquePointer?
-        let r = sd_event_add_time_relative(loop.handle, &s, CLOCK_MONOTONIC, UInt64(max(1, settle.microseconds)), 1000, { _, _, ud in
+        // Absolute and saturating: a settle too long for usec_t never ends.
+        let due = usecAdd(loop.now(CLOCK_MONOTONIC), max(1, usec(settle)))
+        let r = sd_event_add_time(loop.handle, &s, CLOCK_MONOTONIC, due, 1000, { _, _, ud in
             let me = Unmanaged<ConnectivityReporter>.fromOpaque(ud!).takeUnretainedValue()
             // The candidate held for the whole settle time.
             if let c = me.candidate, me.reported.map({ me.granularity.distinguishes($0, c) }) ?? true {

@@ -7,9 +7,11 @@ import Reconcile
 ///
 /// - SIGTERM and SIGINT (by default) shut down in order: `STOPPING=1`, every
 ///   source stopped once, the loop exits with code 0.
-/// - `READY=1` is sent after the first reconcile; `STATUS=` whenever the
-///   program's `status(_:)` changes; the watchdog is pinged by the loop when
-///   `WATCHDOG_USEC` is set.
+/// - `READY=1` is sent after the first reconcile, never after `STOPPING=1`
+///   (a start command may stop the daemon); `STATUS=` whenever the
+///   program's `status(_:)` changes; the watchdog is pinged from the loop
+///   every half `WATCHDOG_USEC` when it is set (at least every 10 ms, see
+///   `ServiceManager.minimumWatchdogInterval`).
 /// - Each reconcile that changed something is logged at info (counts by
 ///   outcome), its steps at debug; every source failure at warning with
 ///   its reason.
@@ -58,6 +60,7 @@ public final class Daemon<P: Program> {
     private var state = State.idle
     private var shutdownSources: [EventSource] = []
     private var signalHook: SignalHook?
+    private var watchdog: WatchdogPinger?
     private var lastStatus: String?
     private var ready = false
     private var exitCode: Int32 = 0
@@ -97,6 +100,9 @@ public final class Daemon<P: Program> {
         try installRecorderFlush()
         state = .running
         try runtime.start()
+        // A start command may have stopped the daemon: STOPPING=1 is sent,
+        // READY=1 must not follow it.
+        guard state == .running else { return exitCode }
         // READY after the first reconcile, with the status at that moment;
         // STATUS updates only after READY.
         lastStatus = runtime.program.status(runtime.model)
@@ -105,8 +111,13 @@ public final class Daemon<P: Program> {
         }
         ready = true
         if options.watchdog, let interval = ServiceManager.watchdogInterval {
-            try check("sd_event_set_watchdog", sd_event_set_watchdog(loop.handle, 1))
-            logger.info("watchdog enabled: \(interval.short)")
+            let period = ServiceManager.watchdogPingPeriod(for: interval)
+            watchdog = try WatchdogPinger(loop: loop, period: period)
+            if interval < ServiceManager.minimumWatchdogInterval {
+                logger.warning("watchdog interval \(interval.short) is below the minimum \(ServiceManager.minimumWatchdogInterval.short): pinging every \(period.short)")
+            } else {
+                logger.info("watchdog enabled: \(interval.short), pinging every \(period.short)")
+            }
         }
         let code = try loop.run()
         if state == .running { shutdown(reason: "loop ended") }
@@ -128,6 +139,8 @@ public final class Daemon<P: Program> {
         if options.notify { ServiceManager.notify("STOPPING=1") }
         let report = runtime.shutdown()
         recorder?.finish(reason: "shutdown")
+        watchdog?.close()
+        watchdog = nil
         for s in shutdownSources { s.close() }
         shutdownSources = []
         logger.notice("shutdown (\(reason)): stopped \(report.stopped.count) source(s), dropped \(report.dropped.count) queued message(s)",

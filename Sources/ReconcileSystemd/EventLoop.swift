@@ -69,7 +69,7 @@ public final class EventLoop {
     /// The corresponding C function is `sd_event_run`.
     @discardableResult
     public func runOnce(timeout: Duration? = nil) throws(SystemdError) -> Bool {
-        let usec: UInt64 = timeout.map { UInt64(max(0, $0.microseconds)) } ?? UInt64.max
+        let usec: UInt64 = timeout.map(usec) ?? usecInfinity
         return try check("sd_event_run", sd_event_run(handle, usec)) > 0
     }
 

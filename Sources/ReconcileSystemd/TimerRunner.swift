@@ -22,7 +22,9 @@ extension TimerSource: SystemdSource {
 
 /// A timer on sd-event's timerfd. Tick *k* is due at origin + *k*·interval;
 /// each firing re-arms from the schedule, not from the wake-up time, so it
-/// does not drift; a late loop gets one tick with `missed` set.
+/// does not drift; a late loop gets one tick with `missed` set. A one-shot
+/// ticks once with sequence 1 and missed 0. Due times saturate at
+/// `USEC_INFINITY`: an interval too large for `usec_t` never fires.
 final class TimerRunner: RunningSource {
     // The ticket owns this runner (`driverState`); the runner does not own it.
     private unowned let ticket: SourceTicket
@@ -42,12 +44,12 @@ final class TimerRunner: RunningSource {
         self.loop = loop
         clock = c.clock.clockID
         repeats = c.repeats
-        interval = UInt64(max(1, c.interval.microseconds))
-        leeway = UInt64(max(1, c.leeway.microseconds))
+        interval = max(1, usec(c.interval))
+        leeway = usecAccuracy(c.leeway)
         origin = loop.now(clock)
         var s: OpaquePointer?
         try check("sd_event_add_time", sd_event_add_time(
-            loop.handle, &s, clock, origin &+ interval, leeway,
+            loop.handle, &s, clock, usecAdd(origin, interval), leeway,
             { _, _, ud in
                 Unmanaged<TimerRunner>.fromOpaque(ud!).takeUnretainedValue().fire()
                 return 0
@@ -60,35 +62,38 @@ final class TimerRunner: RunningSource {
 
     private func fire() {
         guard let handle else { return }
+        guard repeats else {
+            // A one-shot has one due time: however late, nothing was missed.
+            fired = true
+            sequence = 1
+            ticket.emit(TimerSource.Event.tick(.init(sequence: 1, missed: 0)))
+            return
+        }
         let now = loop.now(clock)
         let due = max(sequence + 1, now >= origin ? (now - origin) / interval : 0)
         let missed = due - sequence - 1
         sequence = due
-        if repeats {
-            // Re-arm before emitting: the program may stop this timer.
-            sd_event_source_set_time(handle, origin &+ (due + 1) &* interval)
-            sd_event_source_set_enabled(handle, Int32(SD_EVENT_ONESHOT))
-        } else {
-            fired = true
-        }
+        // Re-arm before emitting: the program may stop this timer.
+        sd_event_source_set_time(handle, usecAdd(origin, usecMultiply(due + 1, interval)))
+        sd_event_source_set_enabled(handle, Int32(SD_EVENT_ONESHOT))
         ticket.emit(TimerSource.Event.tick(.init(sequence: due, missed: missed)))
     }
 
     func retune(to configuration: AnyHashable) throws {
         guard let c = configuration.base as? TimerSource.Configuration, let handle else { return }
-        let newInterval = UInt64(max(1, c.interval.microseconds))
-        leeway = UInt64(max(1, c.leeway.microseconds))
+        let newInterval = max(1, usec(c.interval))
+        leeway = usecAccuracy(c.leeway)
         try check("sd_event_source_set_time_accuracy", sd_event_source_set_time_accuracy(handle, leeway))
         if repeats {
             // The next tick is one new interval after the last due time.
-            origin = origin &+ sequence &* interval
+            origin = usecAdd(origin, usecMultiply(sequence, interval))
             sequence = 0
             interval = newInterval
         } else {
             interval = newInterval
             if fired { return }
         }
-        try check("sd_event_source_set_time", sd_event_source_set_time(handle, origin &+ (sequence + 1) &* interval))
+        try check("sd_event_source_set_time", sd_event_source_set_time(handle, usecAdd(origin, usecMultiply(sequence + 1, interval))))
         try check("sd_event_source_set_enabled", sd_event_source_set_enabled(handle, Int32(SD_EVENT_ONESHOT)))
     }
 

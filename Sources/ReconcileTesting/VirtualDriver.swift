@@ -38,7 +38,11 @@ public final class VirtualDriver: Driver {
         var interval: Int64      // µs
         var repeats: Bool
         var sequence: UInt64     // ticks due so far
-        var due: Int64 { origin + interval * Int64(sequence + 1) }
+        /// Saturating: `Int64.max` is never (a timer too far out never comes due).
+        var due: Int64 {
+            let (span, overflow) = interval.multipliedReportingOverflow(by: Int64(clamping: sequence + 1))
+            return overflow ? .max : saturatingSum(origin, span)
+        }
     }
 
     /// Every call, in order.
@@ -100,7 +104,7 @@ public final class VirtualDriver: Driver {
         }
         if let config = ticket.configuration(as: TimerSource.self) {
             timers[ticket.activation] = TimerState(
-                ticket: ticket, origin: nowMicros, interval: max(1, config.interval.microseconds),
+                ticket: ticket, origin: nowMicros, interval: max(1, config.interval.saturatingMicroseconds),
                 repeats: config.repeats, sequence: 0)
         }
     }
@@ -114,8 +118,8 @@ public final class VirtualDriver: Driver {
         }
         if let config = ticket.configuration(as: TimerSource.self), var t = timers[ticket.activation] {
             // The next tick comes one new interval after the last due time.
-            t.origin = t.origin + t.interval * Int64(t.sequence)
-            t.interval = max(1, config.interval.microseconds)
+            t.origin = t.due - t.interval
+            t.interval = max(1, config.interval.saturatingMicroseconds)
             t.sequence = 0
             timers[ticket.activation] = t
         }
@@ -142,7 +146,7 @@ public final class VirtualDriver: Driver {
     /// way in time order (each firing is processed, and subscriptions
     /// reconciled, before the next one), then pumps the inbox.
     public func advance(by duration: Duration) {
-        let target = nowMicros + duration.microseconds
+        let target = saturatingSum(nowMicros, duration.saturatingMicroseconds)
         while firesTimers, let (activation, due) = nextDue(before: target) {
             nowMicros = due
             fire(activation, missed: 0)
@@ -154,8 +158,8 @@ public final class VirtualDriver: Driver {
     /// Moves the clock forward by `duration` as if the loop were blocked, then
     /// fires each overdue timer once, reporting how many due times it missed.
     public func stall(for duration: Duration) {
-        nowMicros += duration.microseconds
-        let overdue = !firesTimers ? [] : timers.filter { $0.value.due <= nowMicros }.sorted { $0.value.due < $1.value.due }
+        nowMicros = saturatingSum(nowMicros, duration.saturatingMicroseconds)
+        let overdue = !firesTimers ? [] : timers.filter { $0.value.due <= nowMicros && $0.value.due < .max }.sorted { $0.value.due < $1.value.due }
         for (activation, t) in overdue {
             guard timers[activation] != nil else { continue }
             let passed = UInt64((nowMicros - t.origin) / t.interval) - t.sequence
@@ -166,7 +170,7 @@ public final class VirtualDriver: Driver {
 
     private func nextDue(before limit: Int64) -> (Activation, Int64)? {
         var best: (Activation, Int64)?
-        for (a, t) in timers where t.due <= limit {
+        for (a, t) in timers where t.due <= limit && t.due < .max {
             if let b = best, (b.1, b.0) <= (t.due, a) { continue }
             best = (a, t.due)
         }
@@ -223,4 +227,10 @@ final class WakeFlag: Sendable {
     private let value = Mutex(false)
     func set() { value.withLock { $0 = true } }
     func take() -> Bool { value.withLock { let v = $0; $0 = false; return v } }
+}
+
+/// `a + b` for the virtual clock (µs, never negative), saturating at `Int64.max`.
+private func saturatingSum(_ a: Int64, _ b: Int64) -> Int64 {
+    let (sum, overflow) = a.addingReportingOverflow(b)
+    return overflow ? (b > 0 ? .max : .min) : sum
 }

@@ -5,19 +5,24 @@ import IndicatorCore
 import Reconcile
 import ReconcileTesting
 
-/// The command line to note in a transcript: without `--record FILE`, with
-/// the config path made absolute (it is part of a subscription's identity).
-func recordedArguments(_ args: [String], _ options: Options) -> [String] {
+/// The command line to note in a transcript: without `--record`/`--replay`,
+/// with the config path made absolute (it is part of a subscription's
+/// identity).
+func recordedArguments(_ args: [String], _ options: Arguments) -> [String] {
     var out: [String] = []
     var i = 0
     while i < args.count {
-        switch args[i] {
-        case "--record", "--replay": i += 2; continue
-        case "--config":
-            out += ["--config", options.config ?? (i + 1 < args.count ? args[i + 1] : "")]
-            i += 2
+        let a = args[i]
+        let name = a.split(separator: "=", maxSplits: 1).first.map(String.init) ?? a
+        switch name {
+        case "--record", "--replay":
+            i += a.contains("=") ? 1 : 2
             continue
-        default: out.append(args[i])
+        case "--config":
+            out.append("--config=" + (options.config ?? ""))
+            i += a.contains("=") ? 1 : 2
+            continue
+        default: out.append(a)
         }
         i += 1
     }
@@ -40,7 +45,11 @@ func replaySession(_ path: String) -> Never {
     guard transcript.program == name else {
         stop("\(TranscriptError.programMismatch(expected: name, found: transcript.program))", 3)
     }
-    let o = parseArguments(recordedArguments(transcript.arguments ?? [], Options()))
+    let o: Arguments
+    switch parseArguments(transcript.arguments ?? [], directory: "/") {
+    case .success(let a): o = a
+    case .failure(let e): stop("the transcript's command line: \(e.message)", 3)
+    }
     let terminal = isatty(1) == 1 && o.format == .text
     let renderer = Renderer(format: o.format, terminal: terminal)
     let program = Indicator(base: o.settings, format: o.format, configPath: o.config, once: o.once)
@@ -49,8 +58,8 @@ func replaySession(_ path: String) -> Never {
     do {
         let outcome = try Replay.run(program, transcript) { runtime, driver in
             runtime.didCommit = { model in
-                let (s, a) = driver.now.components
-                guard let line = renderer.render(model, now: start + s * 1_000_000 + a / 1_000_000_000_000), line != last else { return }
+                let now = start.addingReportingOverflow(driver.now.saturatingMicroseconds)
+                guard !now.overflow, let line = renderer.render(model, now: now.partialValue), line != last else { return }
                 last = line
                 out(terminal ? line : line + "\n")
             }

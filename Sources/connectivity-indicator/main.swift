@@ -18,14 +18,18 @@ let help = """
                                  where the state comes from (default auto)
       --include GLOB             only these interfaces (repeatable)
       --exclude GLOB             not these interfaces (repeatable)
-      --settle DURATION          report a state only after it held this long (2s, 500ms)
+      --settle DURATION          report a state only after it held this long (2s, 500ms;
+                                 at most 24h)
       --config FILE              key = value settings, watched and applied live
+                                 (a regular file of at most 1 MiB)
       --record FILE              record the session's transcript to FILE (mode 0600)
       --replay FILE              print what a recorded session printed, from its
                                  transcript (no netlink, no bus); exit 3 when FILE
                                  is not a transcript of this program, 4 when the
                                  program now decides differently
       --help, --version
+
+    A value that starts with '-' is given as --option=value.
 
     examples:
       connectivity-indicator
@@ -52,77 +56,57 @@ func out(_ text: String) {
     }
 }
 
-struct Options {
-    var settings = Settings()
-    var format = OutputFormat.text
-    var config: String?
-    var once = false
-    var record: String?
-    var replay: String?
-}
-
-func parseArguments(_ args: [String]) -> Options {
-    var o = Options()
-    var i = 0
-    func value(_ option: String) -> String {
-        i += 1
-        guard i < args.count else { fail("\(option) needs a value (see --help)") }
-        return args[i]
-    }
-    while i < args.count {
-        let a = args[i]
-        switch a {
-        case "--help", "-h": out(help + "\n"); exit(0)
-        case "--version": out("connectivity-indicator \(version)\n"); exit(0)
-        case "--once": o.once = true
-        case "--format":
-            let v = value(a)
-            guard let f = OutputFormat(rawValue: v) else { fail("bad value '\(v)' for --format (accepted: text, json, waybar)") }
-            o.format = f
-        case "--backend":
-            let v = value(a)
-            guard let b = ConnectivitySource.Backend(rawValue: v) else { fail("bad value '\(v)' for --backend (accepted: auto, kernel, networkd)") }
-            o.settings.connectivity.backend = b
-        case "--include": o.settings.connectivity.include.append(value(a))
-        case "--exclude": o.settings.connectivity.exclude.append(value(a))
-        case "--settle":
-            let v = value(a)
-            guard let d = parseDuration(v) else { fail("bad value '\(v)' for --settle (accepted: a duration like 500ms, 2s, 1m, or 0)") }
-            o.settings.connectivity.settle = d == .zero ? nil : d
-        case "--config":
-            let v = value(a)
-            guard v.hasPrefix("/") || !v.isEmpty else { fail("bad value '' for --config (accepted: a file path)") }
-            o.config = v.hasPrefix("/") ? v : currentDirectory() + "/" + v
-        case "--record": o.record = value(a)
-        case "--replay": o.replay = value(a)
-        default:
-            fail("unknown option '\(a)' (accepted: --format, --once, --backend, --include, --exclude, --settle, --config, --record, --replay, --help, --version)")
-        }
-        i += 1
-    }
-    return o
-}
-
 func currentDirectory() -> String {
     var buffer = [CChar](repeating: 0, count: 4096)
     guard getcwd(&buffer, buffer.count) != nil else { return "." }
     return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
-func readFile(_ path: String) -> String? {
-    let fd = open(path, O_RDONLY | O_CLOEXEC)
-    guard fd >= 0 else { return nil }
+/// Why the config file was not read.
+struct Unreadable: Error { let reason: String }
+
+/// Reads the config file without ever blocking the loop thread: only a
+/// regular file is read (a FIFO, a device or a directory is refused before
+/// it is opened, and again after, by `fstat`, in case it was swapped in
+/// between), the open is non-blocking, and at most
+/// `Settings.maximumConfigSize` bytes are read.
+func readConfigFile(_ path: String) -> Result<String, Unreadable> {
+    func refuse(_ reason: String) -> Result<String, Unreadable> { .failure(Unreadable(reason: reason)) }
+    func kind(_ mode: mode_t) -> String? {
+        switch mode & S_IFMT {
+        case S_IFREG: nil
+        case S_IFIFO: "a FIFO"
+        case S_IFCHR: "a character device"
+        case S_IFBLK: "a block device"
+        case S_IFDIR: "a directory"
+        case S_IFSOCK: "a socket"
+        default: "not a regular file"
+        }
+    }
+    var st = stat()
+    guard stat(path, &st) == 0 else { return refuse(String(cString: strerror(errno))) }
+    if let k = kind(st.st_mode) { return refuse("not a regular file (\(k))") }
+    let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
+    guard fd >= 0 else { return refuse(String(cString: strerror(errno))) }
     defer { close(fd) }
+    guard fstat(fd, &st) == 0 else { return refuse(String(cString: strerror(errno))) }
+    if let k = kind(st.st_mode) { return refuse("not a regular file (\(k))") }
+    let limit = Settings.maximumConfigSize
+    if st.st_size > limit { return refuse("too large (\(st.st_size) bytes, at most \(limit))") }
     var data: [UInt8] = []
     var chunk = [UInt8](repeating: 0, count: 4096)
-    while true {
+    while data.count <= limit {
         let n = read(fd, &chunk, chunk.count)
-        if n < 0 { return nil }
+        if n < 0 {
+            if errno == EINTR { continue }
+            return refuse(String(cString: strerror(errno)))
+        }
         if n == 0 { break }
         data += chunk[..<n]
-        if data.count > 1 << 20 { return nil }
     }
-    return String(decoding: data, as: UTF8.self)
+    // The file grew while being read.
+    if data.count > limit { return refuse("too large (more than \(limit) bytes)") }
+    return .success(String(decoding: data, as: UTF8.self))
 }
 
 func nowMicros() -> Int64 {
@@ -134,7 +118,13 @@ func nowMicros() -> Int64 {
 // Block the signals first, before anything could start a thread.
 do { try Signals.block() } catch { fail("cannot block signals: \(error)") }
 
-let options = parseArguments(Array(CommandLine.arguments.dropFirst()))
+let options: Arguments
+switch parseArguments(Array(CommandLine.arguments.dropFirst()), directory: currentDirectory()) {
+case .failure(let e): fail(e.message)
+case .success(let a) where a.action == .help: out(help + "\n"); exit(0)
+case .success(let a) where a.action == .version: out("connectivity-indicator \(version)\n"); exit(0)
+case .success(let a): options = a
+}
 if let path = options.replay { replaySession(path) }
 let terminal = isatty(1) == 1 && options.format == .text
 let renderer = Renderer(format: options.format, terminal: terminal)
@@ -150,9 +140,12 @@ do {
     let daemon = try Daemon(program, options: daemonOptions) { command, daemon in
         switch command {
         case .readConfig(let path):
-            do {
-                try daemon.runtime.send(.configRead(path: path, contents: readFile(path)))
-            } catch {
+            let message: Indicator.Message
+            switch readConfigFile(path) {
+            case .success(let text): message = .configRead(path: path, contents: text)
+            case .failure(let e): message = .configUnreadable(path: path, reason: e.reason)
+            }
+            do { try daemon.runtime.send(message) } catch {
                 daemon.logger.warning("config \(path) read but not delivered: \(error)")
             }
         case .log(let text):

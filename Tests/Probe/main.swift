@@ -10,8 +10,17 @@ func say(_ line: String) {
     _ = write(1, &bytes, bytes.count)
 }
 
-/// Every probe program's one command: print a line.
-enum Say { case say(String) }
+/// Every probe program's commands: print a line; stop the daemon.
+enum Say { case say(String), stop(Int32) }
+
+/// Stops the daemon from its start command (before the first reconcile ends).
+struct StopAtStartProgram: Program {
+    enum Message { case never }
+    typealias Command = Say
+    func start() -> (Int, [Command]) { (0, [.say("stopping"), .stop(3)]) }
+    func update(_ model: inout Int, _ message: Message) -> [Command] { [] }
+    func subscriptions(_ model: Int) -> Subscriptions<Message> { Subscriptions([]) }
+}
 
 /// Subscribes to SIGHUP and SIGUSR1; its status counts SIGHUPs.
 struct SignalProgram: Program {
@@ -116,6 +125,7 @@ func runDaemon<P: Program>(_ program: P, logToStdout: Bool = false) -> Int32 whe
                 let s = daemon.runtime.stats
                 say("stats starts=\(s.starts) stops=\(s.stops) retunes=\(s.retunes) restarts=\(s.restarts)")
             case .say(let line): say(line)
+            case .stop(let code): daemon.stop(exitCode: code)
             }
         }
         say("running")
@@ -134,6 +144,8 @@ try Signals.block()
 switch args.count > 1 ? args[1] : "" {
 case "daemon":
     exit(runDaemon(SignalProgram()))
+case "stop-at-start":
+    exit(runDaemon(StopAtStartProgram()))
 case "watch" where args.count > 2:
     exit(runDaemon(WatchProgram(path: args[2])))
 case "connectivity":
@@ -159,6 +171,6 @@ case "connectivity":
 case "forge" where args.count > 2:
     exit(forgeNetlink(to: UInt32(args[2]) ?? 0))
 default:
-    say("usage: reconcile-probe daemon | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT")
+    say("usage: reconcile-probe daemon | stop-at-start | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT")
     exit(2)
 }

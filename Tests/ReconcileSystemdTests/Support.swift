@@ -92,7 +92,7 @@ final class NotifySocket {
     /// The next datagram, or nil after `timeout`.
     func receive(timeout: Duration) -> String? {
         var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        guard poll(&p, 1, Int32(timeout.microseconds / 1000)) == 1 else { return nil }
+        guard poll(&p, 1, Int32(clamping: timeout.saturatingMicroseconds / 1000)) == 1 else { return nil }
         var buffer = [UInt8](repeating: 0, count: 4096)
         let n = recv(fd, &buffer, buffer.count, 0)
         return n > 0 ? String(decoding: buffer[..<n], as: UTF8.self) : nil
@@ -181,7 +181,7 @@ final class LineReader {
             let left = deadline - ContinuousClock.now
             guard left > .zero else { return nil }
             var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            guard poll(&p, 1, Int32(max(1, left.microseconds / 1000))) == 1 else { return nil }
+            guard poll(&p, 1, Int32(clamping: max(1, left.saturatingMicroseconds / 1000))) == 1 else { return nil }
             var chunk = [UInt8](repeating: 0, count: 4096)
             let n = read(fd, &chunk, chunk.count)
             if n <= 0 { return nil }

@@ -68,7 +68,7 @@ extension SystemdTests {
             initial.blockOnTick = 1
             let h = try Harness(Clocked(initial: initial)) { command, _ in
                 // The loop thread is stuck for five intervals.
-                if case .block(let d) = command { usleep(UInt32(d.microseconds) + 5_000) }
+                if case .block(let d) = command { usleep(UInt32(d.saturatingMicroseconds) + 5_000) }
             }
             try h.run(until: { h.runtime.model.ticks.count >= 2 })
             let ticks = h.runtime.model.ticks
@@ -111,6 +111,27 @@ extension SystemdTests {
             try h.run(until: { h.runtime.model == 1 })
             try h.run(for: .milliseconds(50))
             #expect(h.runtime.model == 1)
+        }
+
+        @Test func oneShotTicksWithSequenceOneAndNothingMissedHoweverLate() throws {
+            struct P: Program {
+                func start() -> ([TimerSource.Tick], [Never]) { ([], []) }
+                func update(_ m: inout [TimerSource.Tick], _ e: TimerSource.Event) -> [Never] {
+                    if case .tick(let t) = e { m.append(t) }
+                    return []
+                }
+                func subscriptions(_ m: [TimerSource.Tick]) -> Subscriptions<TimerSource.Event> {
+                    Subscriptions {
+                        Subscription.after(.zero, key: "now") { $0 }
+                        Subscription.after(.milliseconds(1), key: "late", leeway: .microseconds(1)) { $0 }
+                    }
+                }
+            }
+            let h = try Harness(P())
+            // The loop is late: fifty 1 ms intervals pass before it runs.
+            usleep(50_000)
+            try h.run(until: { h.runtime.model.count == 2 })
+            #expect(h.runtime.model == [.init(sequence: 1, missed: 0), .init(sequence: 1, missed: 0)])
         }
     }
 }
