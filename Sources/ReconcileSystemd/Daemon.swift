@@ -24,6 +24,14 @@ public final class Daemon<P: Program> {
         public var logger = Logger()
         /// How many cross-thread messages may wait.
         public var inboxCapacity = 4096
+        /// How long shutdown waits for cancelled tasks on the running loop
+        /// before abandoning them (Docs/Effects.md).
+        public var shutdownGrace: Duration = .seconds(5)
+        /// Delivered to `update` when shutdown begins (before tasks are cancelled).
+        public var shutdownMessage: P.Message?
+        /// Whether the loop drains the main actor's queue when it runs on the
+        /// main thread (`@MainActor` code and `Task {}` in `main.swift` run).
+        public var drainsMainQueue = true
 
         public init() {}
     }
@@ -47,7 +55,15 @@ public final class Daemon<P: Program> {
     private var signalHook: SignalHook?
     private var lastStatus: String?
     private var ready = false
-    private var exitCode: Int32 = 0
+    var exitCode: Int32 = 0
+    // Effects (Daemon+Effects.swift).
+    var mainQueue: MainQueueDrain?
+    var stopRequested = false
+    var stoppingNotified = false
+    var graceSources: [EventSource] = []
+    var graceHook: SignalHook?
+    /// How the tasks in flight at shutdown ended (after `run()` returned).
+    public internal(set) var taskReport = TaskShutdownCounts()
 
     /// A daemon running `program`; `perform` interprets its commands.
     /// - Throws: `SystemdError` if the loop cannot be created.
@@ -74,6 +90,7 @@ public final class Daemon<P: Program> {
         case .idle: break
         }
         try installShutdownSignals()
+        if options.drainsMainQueue { mainQueue = try MainQueueDrain(loop: loop) }
         state = .running
         try runtime.start()
         // READY after the first reconcile, with the status at that moment;
@@ -96,20 +113,25 @@ public final class Daemon<P: Program> {
     /// from a command interpreter or any loop callback; a second call does
     /// nothing.
     public func stop(exitCode: Int32 = 0) {
-        guard state == .running else { return }
+        guard state == .running, !stopRequested else { return }
         self.exitCode = exitCode
+        if beginGracefulStop() { return }   // tasks in flight: finishes on the loop
         shutdown(reason: "stop requested")
         try? loop.exit(exitCode)
     }
 
-    private func shutdown(reason: String) {
+    func shutdown(reason: String) {
         state = .stopped
-        if options.notify { ServiceManager.notify("STOPPING=1") }
+        if options.notify, !stoppingNotified { ServiceManager.notify("STOPPING=1") }
         let report = runtime.shutdown()
         for s in shutdownSources { s.close() }
         shutdownSources = []
-        logger.notice("shutdown (\(reason)): stopped \(report.stopped.count) source(s), dropped \(report.dropped.count) queued message(s)",
-                      ["STOPPED": "\(report.stopped.count)", "DROPPED": "\(report.dropped.count)"])
+        closeGrace()
+        taskReport = report.tasks
+        logger.notice("shutdown (\(reason)): stopped \(report.stopped.count) source(s), dropped \(report.dropped.count) queued message(s), tasks: \(report.tasks)",
+                      ["STOPPED": "\(report.stopped.count)", "DROPPED": "\(report.dropped.count)",
+                       "TASKS_CANCELLED": "\(report.tasks.cancelled)", "TASKS_FINISHED": "\(report.tasks.finished)",
+                       "TASKS_ABANDONED": "\(report.tasks.abandoned)"])
     }
 
     private func installShutdownSignals() throws {

@@ -53,6 +53,11 @@ public final class SystemdDriver: Driver {
     public func start(_ ticket: SourceTicket) {
         logger.debug("start \(ticket.id) \(ticket.activation): \(ticket.configuration.base)",
                      ["SUBSCRIPTION": "\(ticket.id)", "ACTIVATION": "\(ticket.activation.generation)", "OUTCOME": "start"])
+        if let kind = ticket.source as? any TaskBackedSource.Type {
+            // A task on the loop's executor (StreamSource).
+            running[ObjectIdentifier(ticket)] = TaskSourceRunner(stop: kind.startTask(ticket, executor: loop.executor))
+            return
+        }
         guard let kind = ticket.source as? any SystemdSource.Type else {
             ticket.fail(SourceFailure(operation: "start \(ticket.id)",
                                       reason: "the sd-event driver cannot run source kind '\(ticket.id.kind)' (it does not conform to SystemdSource)"))

@@ -54,7 +54,17 @@ public final class VirtualDriver: Driver {
     /// (stop of an unknown or already stopped activation, retune after stop).
     public private(set) var contractViolations: [String] = []
 
-    public init() {}
+    /// Tasks: recorded by identity, run only when a test says (VirtualEffects.swift).
+    public let tasks: VirtualTasks
+    /// Where tasks and stream sources run: inside `runUntilIdle`/`advance`.
+    public let executor: VirtualExecutor
+    let clockSource = VirtualClockSource()
+    var taskSourceStops: [Activation: () -> Void] = [:]
+
+    public init() {
+        executor = VirtualExecutor()
+        tasks = VirtualTasks(executor: executor)
+    }
 
     /// The virtual time since the driver was created.
     public var now: Duration { .microseconds(nowMicros) }
@@ -83,6 +93,7 @@ public final class VirtualDriver: Driver {
             ticket.fail(failure)
             return
         }
+        if startTaskBacked(ticket) { return }
         if let config = ticket.configuration(as: TimerSource.self) {
             timers[ticket.activation] = TimerState(
                 ticket: ticket, origin: nowMicros, interval: max(1, config.interval.microseconds),
@@ -114,6 +125,7 @@ public final class VirtualDriver: Driver {
         running[ticket.id] = nil
         stopCounts[ticket.id, default: 0] += 1
         timers[ticket.activation] = nil
+        stopTaskBacked(ticket)
     }
 
     public func detach() { host = nil }
@@ -125,11 +137,25 @@ public final class VirtualDriver: Driver {
     /// reconciled, before the next one), then pumps the inbox.
     public func advance(by duration: Duration) {
         let target = nowMicros + duration.microseconds
-        while let (activation, due) = nextDue(before: target) {
-            nowMicros = due
-            fire(activation, missed: 0)
+        runUntilIdle()
+        while true {
+            // Timers and clock sleeps, in time order (a timer first on a tie).
+            let timer = nextDue(before: target)
+            let sleep = clockSource.nextDeadline(notAfter: .microseconds(target)).map { ($0 + .nanoseconds(999)).microseconds }
+            if let (activation, due) = timer, sleep.map({ due <= $0 }) ?? true {
+                nowMicros = due
+                clockSource.set(now: .microseconds(due))
+                fire(activation, missed: 0)
+            } else if let due = sleep {
+                nowMicros = due
+                clockSource.set(now: .microseconds(due))
+            } else {
+                break
+            }
+            runUntilIdle()
         }
         nowMicros = target
+        clockSource.set(now: .microseconds(target))
         runUntilIdle()
     }
 
@@ -137,6 +163,7 @@ public final class VirtualDriver: Driver {
     /// fires each overdue timer once, reporting how many due times it missed.
     public func stall(for duration: Duration) {
         nowMicros += duration.microseconds
+        clockSource.set(now: .microseconds(nowMicros))
         let overdue = timers.filter { $0.value.due <= nowMicros }.sorted { $0.value.due < $1.value.due }
         for (activation, t) in overdue {
             guard timers[activation] != nil else { continue }
@@ -190,8 +217,13 @@ public final class VirtualDriver: Driver {
 
     /// Pumps the runtime's inbox if a waker fired since the last pump.
     public func runUntilIdle() {
-        while wakePending.take() {
-            host?.pumpInbox()
+        while true {
+            let ran = executor.runJobs()
+            if wakePending.take() {
+                host?.pumpInbox()
+                continue
+            }
+            if !ran { return }
         }
     }
 }
