@@ -339,7 +339,7 @@ extension TaskRegistry where Message: Sendable {
     public func run(
         id: some Hashable & Sendable, policy: InFlightPolicy = .cancelPrevious, placement: TaskPlacement = .loop,
         _ operation: @escaping @Sendable () async throws -> Message,
-        catch failure: @escaping @Sendable (any Error) -> Message
+        failure: @escaping @Sendable (any Error) -> Message
     ) -> Bool {
         start(id: TaskID(id), policy: policy, placement: placement, body: {
             do {
