@@ -136,7 +136,9 @@ do {
     let daemon = try Daemon(program, options: daemonOptions) { command, daemon in
         switch command {
         case .readConfig(let path):
-            try? daemon.runtime.send(.configRead(path: path, contents: readFile(path)))
+            // The read may block (a FIFO, a slow mount): off the loop; the
+            // result comes back as a message, never refused for capacity.
+            daemon.tasks.run(id: "config", placement: .offload) { .configRead(path: path, contents: readFile(path)) }
         case .log(let text):
             daemon.logger.notice(text)
         case .exit(let code):
