@@ -32,6 +32,8 @@ public final class LoopExecutor: SerialExecutor, TaskExecutor {
     private let channel: WakeChannel
     private let queue = Mutex(Queue())
     private let dropped = Atomic<Int>(0)
+    /// Clock sleeps with an armed timer on this loop (closed with it).
+    private let sleepers = Mutex<[ObjectIdentifier: Sleeper]>([:])
 
     init(thread: UInt, channel: WakeChannel) {
         self.thread = thread
@@ -98,16 +100,30 @@ public final class LoopExecutor: SerialExecutor, TaskExecutor {
         }
     }
 
-    /// Refuses further work; returns how many queued jobs never ran.
+    func armed(_ s: Sleeper) { sleepers.withLock { $0[ObjectIdentifier(s)] = s } }
+    func disarmed(_ s: Sleeper) { _ = sleepers.withLock { $0.removeValue(forKey: ObjectIdentifier(s)) } }
+
+    /// Refuses further work and releases armed sleep timers (loop thread),
+    /// so the loop is not kept alive by them; returns how many queued jobs
+    /// never ran. Tasks whose jobs are dropped never resume (abandoned).
     func close() -> Int {
         let left = queue.withLock { q in
             q.closed = true
-            let n = q.work.count
+            let work = q.work
             q.work = []
-            return n
+            return work.count
         }
         dropped.add(left, ordering: .relaxed)
         channel.close()
+        let armed = sleepers.withLock { s in
+            let all = Array(s.values)
+            s = [:]
+            return all
+        }
+        for sleeper in armed {
+            sleeper.disarm()
+            sleeper.resume(throwing: CancellationError())
+        }
         return left
     }
 }
@@ -165,6 +181,7 @@ final class SystemdClockSource: LoopClockSource {
 
     func sleep(until deadline: Duration) async throws {
         let sleeper = Sleeper()
+        sleeper.executor = executor
         let loop = self.loop
         let executor = self.executor
         // Rounded up to whole microseconds: never wakes before the deadline.
@@ -240,12 +257,17 @@ final class Sleeper: @unchecked Sendable {
         source = EventSource(s!)
         // The source's userdata is unretained: keep self until disarmed.
         retainedSelf = Unmanaged.passRetained(self)
+        executor?.armed(self)
     }
+
+    /// The executor whose loop holds the timer (set before arming).
+    weak var executor: LoopExecutor?
 
     private var retainedSelf: Unmanaged<Sleeper>?
 
     /// Loop thread.
     func disarm() {
+        executor?.disarmed(self)
         source?.close()
         source = nil
         retainedSelf?.release()

@@ -238,6 +238,25 @@ extension SystemdTests {
         }
     }
 
+    @Suite struct EffectsLeaks {
+        @Test func aLoopGoingAwayWithASleepPendingLeavesNoDescriptor() throws {
+            let before = openDescriptors()
+            do {
+                let loop = try EventLoop()
+                let clock = loop.clock
+                let armed = Atomic<Bool>(false)
+                Task(executorPreference: loop.executor) {
+                    armed.store(true, ordering: .releasing)
+                    try? await clock.sleep(for: .seconds(3600))
+                }
+                #expect(try loop.run(until: { armed.load(ordering: .acquiring) }, timeout: .seconds(5)))
+                try loop.run(until: { false }, timeout: .milliseconds(5))
+                #expect(openDescriptors().count > before.count)
+            }
+            #expect(openDescriptors() == before)
+        }
+    }
+
     /// An `AsyncStream` as a subscription on the real loop.
     @Suite struct StreamSubscription {
         struct Streamer: Program {
