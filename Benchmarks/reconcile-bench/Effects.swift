@@ -24,7 +24,7 @@ enum EffectsVariant: String, CaseIterable {
     case registry
     /// The hand-rolled way: `Task { try sender.send(...) }` on the global executor.
     case rawTask = "raw Task + Sender"
-    /// The same on the loop's executor (`Task(executorPreference:)`).
+    /// The same on the loop's task executor (`Task(executorPreference: loop.taskExecutor)`).
     case rawLoopTask = "raw loop Task + Sender"
 }
 
@@ -32,7 +32,7 @@ enum EffectsVariant: String, CaseIterable {
 func effectsChain(_ variant: EffectsVariant, count: Int) throws -> Double {
     let loop = try EventLoop()
     let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
-    let executor = loop.executor
+    let executor = loop.taskExecutor
     let runtime = Runtime(ChainProgram(count: count), driver: driver) { command, rt in
         guard case .next(let i) = command else { return }
         switch variant {
@@ -60,6 +60,11 @@ func effectsChain(_ variant: EffectsVariant, count: Int) throws -> Double {
 }
 
 func effectsBenchmark(count: Int, rounds: Int, into records: inout [Record]) throws {
+    // EFFECTS_ONLY=registry|rawTask|rawLoopTask: one variant only (for strace -c / perf).
+    if let only = getenv("EFFECTS_ONLY").map({ String(cString: $0) }), let v = EffectsVariant.allCases.first(where: { "\($0)" == only }) {
+        for _ in 0..<rounds { _ = try effectsChain(v, count: count) }
+        return
+    }
     var times: [EffectsVariant: [Double]] = [:]
     _ = try effectsChain(.registry, count: count / 10)       // warm-up
     _ = try effectsChain(.rawTask, count: count / 10)

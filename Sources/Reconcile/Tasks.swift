@@ -57,29 +57,28 @@ public final class TaskJob: Sendable {
     public let serial: UInt64
     /// Where the operation asked to run.
     public let placement: TaskPlacement
-    private let body: @Sendable () async -> (any Sendable, Bool)
-    private let accepts: @Sendable (any Sendable) -> Bool
-    private let post: @Sendable (any Sendable, Bool) -> Void
+    /// Runs the operation and posts its typed result (after `claim()`).
+    private let body: @Sendable (TaskJob) async -> Void
+    /// Posts an erased result of the program's type (test kits); false on a type mismatch.
+    private let postErased: @Sendable (TaskJob, any Sendable, Bool) -> Bool
     private let done = Atomic<Bool>(false)
 
     init(id: TaskID, serial: UInt64, placement: TaskPlacement,
-         body: @escaping @Sendable () async -> (any Sendable, Bool),
-         accepts: @escaping @Sendable (any Sendable) -> Bool,
-         post: @escaping @Sendable (any Sendable, Bool) -> Void) {
+         body: @escaping @Sendable (TaskJob) async -> Void,
+         postErased: @escaping @Sendable (TaskJob, any Sendable, Bool) -> Bool) {
         self.id = id
         self.serial = serial
         self.placement = placement
         self.body = body
-        self.accepts = accepts
-        self.post = post
+        self.postErased = postErased
     }
 
     /// Runs the operation and hands its message to the runtime (once).
-    public func run() async {
-        let (message, cancelled) = await body()
-        if done.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged {
-            post(message, cancelled)
-        }
+    public func run() async { await body(self) }
+
+    /// Takes the one right to hand over a result.
+    func claim() -> Bool {
+        done.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged
     }
 
     /// Hands `message` to the runtime as this task's result without running
@@ -87,10 +86,7 @@ public final class TaskJob: Sendable {
     /// result or `message` is not of the program's message type.
     @discardableResult
     public func complete(with message: any Sendable, cancelled: Bool = false) -> Bool {
-        guard accepts(message) else { return false }
-        guard done.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return false }
-        post(message, cancelled)
-        return true
+        postErased(self, message, cancelled)
     }
 
     /// Whether the task has handed over its result.
@@ -232,8 +228,7 @@ public final class TaskRegistry<Message> {
     }
 
     func start(id: TaskID, policy: InFlightPolicy, placement: TaskPlacement,
-               body: @escaping @Sendable () async -> (any Sendable, Bool),
-               accepts: @escaping @Sendable (any Sendable) -> Bool) -> Bool {
+               body: @escaping @Sendable (TaskJob, TaskResults<Message>) async -> Void) -> Bool {
         guard phase == .open else {
             stats.refused += 1
             return false
@@ -248,8 +243,10 @@ public final class TaskRegistry<Message> {
         nextSerial += 1
         let serial = nextSerial
         let results = self.results
-        let job = TaskJob(id: id, serial: serial, placement: placement, body: body, accepts: accepts) { message, cancelled in
+        let job = TaskJob(id: id, serial: serial, placement: placement, body: { await body($0, results) }) { [weak results] job, message, cancelled in
+            guard let results, let message = message as? Message, job.claim() else { return false }
             results.post(serial: serial, message: message, cancelled: cancelled)
+            return true
         }
         current[id] = serial
         stats.started += 1
@@ -327,9 +324,10 @@ extension TaskRegistry where Message: Sendable {
         id: some Hashable & Sendable, policy: InFlightPolicy = .cancelPrevious, placement: TaskPlacement = .loop,
         _ operation: @escaping @Sendable () async -> Message
     ) -> Bool {
-        start(id: TaskID(id), policy: policy, placement: placement, body: {
-            (await operation(), false)
-        }, accepts: { $0 is Message })
+        start(id: TaskID(id), policy: policy, placement: placement) { job, results in
+            let message = await operation()
+            if job.claim() { results.post(serial: job.serial, message: message, cancelled: false) }
+        }
     }
 
     /// Starts a throwing `operation` as the task `id`: its result, or the
@@ -341,13 +339,17 @@ extension TaskRegistry where Message: Sendable {
         _ operation: @escaping @Sendable () async throws -> Message,
         failure: @escaping @Sendable (any Error) -> Message
     ) -> Bool {
-        start(id: TaskID(id), policy: policy, placement: placement, body: {
+        start(id: TaskID(id), policy: policy, placement: placement) { job, results in
+            let message: Message, cancelled: Bool
             do {
-                return (try await operation(), false)
+                message = try await operation()
+                cancelled = false
             } catch {
-                return (failure(error), error is CancellationError)
+                message = failure(error)
+                cancelled = error is CancellationError
             }
-        }, accepts: { $0 is Message })
+            if job.claim() { results.post(serial: job.serial, message: message, cancelled: cancelled) }
+        }
     }
 }
 
@@ -370,8 +372,7 @@ final class TaskResults<Message>: Sendable {
 
     func setWaker(_ waker: Waker) { state.withLock { $0.waker = waker } }
 
-    func post(serial: UInt64, message: any Sendable, cancelled: Bool) {
-        guard let message = message as? Message else { return }
+    func post(serial: UInt64, message: Message, cancelled: Bool) {
         let waker: Waker? = state.withLock { s in
             if s.closed { return nil }
             s.items.append(Item(serial: serial, message: message, cancelled: cancelled))

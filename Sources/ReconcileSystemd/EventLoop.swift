@@ -66,6 +66,10 @@ public final class EventLoop {
         }
     }
 
+    /// The loop as a task executor, for `Task(executorPreference:)`: the
+    /// task's jobs and continuations run on this loop.
+    public var taskExecutor: LoopExecutor { executor.taskExecutor }
+
     /// Real monotonic time; sleeps are sd-event timers on this loop.
     public var clock: LoopClock { LoopClock(SystemdClockSource(loop: handle, executor: executor)) }
 

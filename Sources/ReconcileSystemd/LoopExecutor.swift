@@ -3,70 +3,71 @@ import Glibc
 import Reconcile
 import Synchronization
 
-/// The sd-event loop as a Swift executor: a `SerialExecutor` (an actor can
-/// adopt it through `unownedExecutor`) and a `TaskExecutor` (a task can
-/// prefer it, so every job and continuation of the task runs on the loop).
+/// The sd-event loop as a Swift executor, in two roles sharing one queue:
 ///
-/// Jobs enqueued from any thread wait in a queue and run on the loop's
+/// - `EventLoop.executor` (`.serial`): a `SerialExecutor` an actor adopts
+///   through `unownedExecutor`; its jobs run isolated to it.
+/// - `EventLoop.taskExecutor` (`.task`): a `TaskExecutor` a task prefers
+///   (`Task(executorPreference:)`); its jobs run on the loop as the task's
+///   executor, so nonisolated async calls inside the task stay on the loop
+///   without re-enqueueing. (The serial one also works as a preference, with
+///   one extra hop per nonisolated call.)
+///
+/// Jobs enqueued from any thread wait in one queue and run on the loop's
 /// thread, in the order they were enqueued, from an sd-event IO source on an
 /// eventfd (written once per empty -> non-empty transition, as the runtime's
 /// inbox). Each dispatch runs the jobs queued when it began: a job that
 /// enqueues more yields to the loop's other sources first. Works for owned
 /// and borrowed loops and for a host poll loop (the eventfd is in the loop's
-/// epoll set, `EventLoop.fd`).
-///
-/// Get it from `EventLoop.executor`.
+/// epoll set, `EventLoop.fd`). `checkIsolated` / `isIsolatingCurrentContext`
+/// say whether the caller is on the loop's thread.
 public final class LoopExecutor: SerialExecutor, TaskExecutor {
-    enum Work: @unchecked Sendable {
-        case job(UnownedJob)
-        case call(@Sendable () -> Void)
+    /// How this executor's jobs run.
+    public enum Role: Sendable {
+        /// Isolated to the serial executor (actors).
+        case serial
+        /// On the task executor (tasks' preference).
+        case task
     }
 
-    private struct Queue: @unchecked Sendable {
-        var work: [Work] = []
-        var closed = false
+    /// This executor's role.
+    public let role: Role
+    let queue: LoopQueue
+    private let sibling: LoopExecutor?
+
+    /// The serial executor of a loop, with its task-executor sibling.
+    init(queue: LoopQueue) {
+        role = .serial
+        self.queue = queue
+        sibling = LoopExecutor(taskRoleOn: queue)
     }
+
+    private init(taskRoleOn queue: LoopQueue) {
+        role = .task
+        self.queue = queue
+        sibling = nil
+    }
+
+    /// The task-role executor on the same loop (itself when it is one).
+    public var taskExecutor: LoopExecutor { sibling ?? self }
 
     /// The loop's thread (`pthread_self`).
-    public let thread: UInt
-    private let channel: WakeChannel
-    private let queue = Mutex(Queue())
-    private let dropped = Atomic<Int>(0)
-    /// Clock sleeps with an armed timer on this loop (closed with it).
-    private let sleepers = Mutex<[ObjectIdentifier: Sleeper]>([:])
-
-    init(thread: UInt, channel: WakeChannel) {
-        self.thread = thread
-        self.channel = channel
-    }
+    public var thread: UInt { queue.thread }
 
     /// Whether the caller runs on the loop's thread.
-    public var isOnLoopThread: Bool { CSystemd_thread_id() == thread }
+    public var isOnLoopThread: Bool { CSystemd_thread_id() == queue.thread }
 
     /// Jobs refused because the loop's executor was closed (its `EventLoop`
     /// went away); the tasks they belonged to never resume.
-    public var droppedJobs: Int { dropped.load(ordering: .relaxed) }
+    public var droppedJobs: Int { queue.dropped.load(ordering: .relaxed) }
 
     public func enqueue(_ job: consuming ExecutorJob) {
-        push(.job(UnownedJob(job)))
+        queue.push(role == .serial ? .serialJob(UnownedJob(job)) : .taskJob(UnownedJob(job)))
     }
 
     /// Runs `body` on the loop's thread, after the work queued before it.
     public func execute(_ body: @escaping @Sendable () -> Void) {
-        push(.call(body))
-    }
-
-    private func push(_ work: Work) {
-        let wake: Bool? = queue.withLock { q in
-            if q.closed { return nil }
-            q.work.append(work)
-            return q.work.count == 1
-        }
-        switch wake {
-        case nil: dropped.add(1, ordering: .relaxed)
-        case true?: channel.wake()
-        case false?: break
-        }
+        queue.push(.call(body))
     }
 
     public func asUnownedSerialExecutor() -> UnownedSerialExecutor {
@@ -85,37 +86,27 @@ public final class LoopExecutor: SerialExecutor, TaskExecutor {
 
     public func isIsolatingCurrentContext() -> Bool? { isOnLoopThread }
 
-    /// Runs what was queued when the dispatch began (loop thread).
+    /// Runs what was queued when the dispatch began (loop thread; serial role).
     func dispatch() {
-        let batch = queue.withLock { q in
-            let work = q.work
-            q.work = []
-            return work
-        }
-        for w in batch {
+        let task = taskExecutor.asUnownedTaskExecutor()
+        for w in queue.takeAll() {
             switch w {
-            case .job(let job): job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor())
+            case .serialJob(let job): job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: task)
+            case .taskJob(let job): job.runSynchronously(on: task)
             case .call(let body): body()
             }
         }
     }
 
-    func armed(_ s: Sleeper) { sleepers.withLock { $0[ObjectIdentifier(s)] = s } }
-    func disarmed(_ s: Sleeper) { _ = sleepers.withLock { $0.removeValue(forKey: ObjectIdentifier(s)) } }
+    func armed(_ s: Sleeper) { queue.sleepers.withLock { $0[ObjectIdentifier(s)] = s } }
+    func disarmed(_ s: Sleeper) { _ = queue.sleepers.withLock { $0.removeValue(forKey: ObjectIdentifier(s)) } }
 
     /// Refuses further work and releases armed sleep timers (loop thread),
     /// so the loop is not kept alive by them; returns how many queued jobs
     /// never ran. Tasks whose jobs are dropped never resume (abandoned).
     func close() -> Int {
-        let left = queue.withLock { q in
-            q.closed = true
-            let work = q.work
-            q.work = []
-            return work.count
-        }
-        dropped.add(left, ordering: .relaxed)
-        channel.close()
-        let armed = sleepers.withLock { s in
+        let left = queue.close()
+        let armed = queue.sleepers.withLock { s in
             let all = Array(s.values)
             s = [:]
             return all
@@ -128,6 +119,65 @@ public final class LoopExecutor: SerialExecutor, TaskExecutor {
     }
 }
 
+/// The loop executors' shared queue and wake.
+final class LoopQueue: Sendable {
+    enum Work: @unchecked Sendable {
+        case serialJob(UnownedJob)
+        case taskJob(UnownedJob)
+        case call(@Sendable () -> Void)
+    }
+
+    private struct State: @unchecked Sendable {
+        var work: [Work] = []
+        var closed = false
+    }
+
+    let thread: UInt
+    private let channel: WakeChannel
+    private let state = Mutex(State())
+    let dropped = Atomic<Int>(0)
+    /// Clock sleeps with an armed timer on this loop (closed with it).
+    let sleepers = Mutex<[ObjectIdentifier: Sleeper]>([:])
+
+    init(thread: UInt, channel: WakeChannel) {
+        self.thread = thread
+        self.channel = channel
+    }
+
+    func push(_ work: Work) {
+        let wake: Bool? = state.withLock { q in
+            if q.closed { return nil }
+            q.work.append(work)
+            return q.work.count == 1
+        }
+        switch wake {
+        case nil: dropped.add(1, ordering: .relaxed)
+        case true?: channel.wake()
+        case false?: break
+        }
+    }
+
+    func takeAll() -> [Work] {
+        state.withLock { q in
+            let work = q.work
+            q.work = []
+            return work
+        }
+    }
+
+    func close() -> Int {
+        let left = state.withLock { q in
+            q.closed = true
+            let n = q.work.count
+            q.work = []
+            return n
+        }
+        dropped.add(left, ordering: .relaxed)
+        channel.close()
+        return left
+    }
+}
+
 /// The executor's eventfd and IO source on one loop (kept by `EventLoop`).
 final class LoopExecutorSource {
     let executor: LoopExecutor
@@ -136,7 +186,7 @@ final class LoopExecutorSource {
     init(loop: OpaquePointer, thread: UInt) throws(SystemdError) {
         let efd = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
         if efd < 0 { throw SystemdError("eventfd", errno: Glibc.errno) }
-        let executor = LoopExecutor(thread: thread, channel: WakeChannel(fd: efd))
+        let executor = LoopExecutor(queue: LoopQueue(thread: thread, channel: WakeChannel(fd: efd)))
         var s: OpaquePointer?
         let r = sd_event_add_io(loop, &s, efd, UInt32(EPOLLIN.rawValue), { _, fd, _, ud in
             var value: UInt64 = 0

@@ -2,7 +2,7 @@ import Reconcile
 
 extension SystemdDriver: TaskDriver {
     /// Tasks run on the loop's executor (`.offload`: the global executor).
-    public var taskRunner: any TaskRunner { ExecutorTaskRunner(executor: loop.executor) }
+    public var taskRunner: any TaskRunner { ExecutorTaskRunner(executor: loop.taskExecutor) }
     /// Real monotonic time; sleeps are sd-event timers.
     public var clock: LoopClock { loop.clock }
 }

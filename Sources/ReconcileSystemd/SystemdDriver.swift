@@ -55,7 +55,7 @@ public final class SystemdDriver: Driver {
                      ["SUBSCRIPTION": "\(ticket.id)", "ACTIVATION": "\(ticket.activation.generation)", "OUTCOME": "start"])
         if let kind = ticket.source as? any TaskBackedSource.Type {
             // A task on the loop's executor (StreamSource).
-            running[ObjectIdentifier(ticket)] = TaskSourceRunner(stop: kind.startTask(ticket, executor: loop.executor))
+            running[ObjectIdentifier(ticket)] = TaskSourceRunner(stop: kind.startTask(ticket, executor: loop.taskExecutor))
             return
         }
         guard let kind = ticket.source as? any SystemdSource.Type else {

@@ -212,7 +212,7 @@ extension SystemdTests {
             let clock = loop.clock
             let outcome = Mutex<(Duration, Bool)?>(nil)
             let start = clock.now
-            let executor = loop.executor
+            let executor = loop.taskExecutor
             Task(executorPreference: executor) {
                 try? await clock.sleep(for: .milliseconds(50))
                 let elapsed = start.duration(to: clock.now)
@@ -223,7 +223,7 @@ extension SystemdTests {
             #expect(elapsed >= .milliseconds(50) && onLoop)
 
             let cancelled = Mutex<Bool?>(nil)
-            let t = Task(executorPreference: loop.executor) {
+            let t = Task(executorPreference: loop.taskExecutor) {
                 do {
                     try await clock.sleep(for: .seconds(3600))
                     cancelled.withLock { $0 = false }
@@ -245,7 +245,7 @@ extension SystemdTests {
                 let loop = try EventLoop()
                 let clock = loop.clock
                 let armed = Atomic<Bool>(false)
-                Task(executorPreference: loop.executor) {
+                Task(executorPreference: loop.taskExecutor) {
                     armed.store(true, ordering: .releasing)
                     try? await clock.sleep(for: .seconds(3600))
                 }
