@@ -123,7 +123,9 @@ case "maintask":
     // README-style: a `Task {}` in the perform closure of top-level code.
     // The closure is main-actor isolated; the loop holds the main thread and
     // drains the main actor's queue, so the task runs and resumes there.
-    let daemon = try Daemon(MainTaskProgram()) { command, daemon in
+    var mainTaskOptions = Daemon<MainTaskProgram>.Options()
+    mainTaskOptions.drainsMainQueue = !args.contains("nodrain")   // nodrain: show the hang it fixes
+    let daemon = try Daemon(MainTaskProgram(), options: mainTaskOptions) { command, daemon in
         switch command {
         case .spawn:
             Task {
@@ -141,6 +143,6 @@ case "tasks" where args.count > 4:
 case "forge" where args.count > 2:
     exit(forgeNetlink(to: UInt32(args[2]) ?? 0))
 default:
-    say("usage: reconcile-probe daemon | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] | forge PORT | maintask | tasks N STUBBORN GRACE_MS")
+    say("usage: reconcile-probe daemon | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] | forge PORT | maintask [nodrain] | tasks N STUBBORN GRACE_MS")
     exit(2)
 }

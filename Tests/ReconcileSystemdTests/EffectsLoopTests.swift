@@ -329,6 +329,16 @@ extension SystemdTests {
             #expect(child.wait() == 7)
         }
 
+        /// The same probe without the main-queue drain: the task never runs
+        /// (the silent hang the drain fixes); SIGTERM still ends the daemon.
+        @Test func withoutTheMainQueueDrainTheTaskNeverRuns() throws {
+            let child = try Child(probe, ["maintask", "nodrain"])
+            #expect(child.line() == "running")
+            #expect(child.line(timeout: .seconds(1)) == nil)
+            child.signal(SIGTERM)
+            #expect(child.wait() == 0)
+        }
+
         @Test func sigtermCancelsEveryTaskAndReportsThem() throws {
             let dir = try makeTemporaryDirectory()
             defer { removeTree(dir) }
