@@ -20,6 +20,7 @@ let usage = """
       loop-noop     a no-op reconcile of 10,000 live sources on the real loop
       groups        one group changed among 1,000 groups of 1,000 (memoized
                     groups vs rebuilding all vs a hand-cached flat set)
+      effects       command -> task -> message round trips: task registry vs raw Task + Sender
 
     options:
       --quick               a run under a minute (fewer sizes and runs)
@@ -36,7 +37,7 @@ let usage = """
 
     """
 
-let allBenchmarks = ["reconcile", "retune", "memory", "messages", "loop-timers", "loop-watches", "lateness", "loop-noop", "groups"]
+let allBenchmarks = ["reconcile", "retune", "memory", "messages", "loop-timers", "loop-watches", "lateness", "loop-noop", "groups", "effects"]
 
 func warn(_ text: String) {
     var line = Array("warning: \(text)\n".utf8)
@@ -167,6 +168,7 @@ do {
     if selected.contains("loop-watches") { try loopWatchesBenchmark(count: 10_000, rounds: quick ? 5 : 21, into: &records) }
     if selected.contains("lateness") { try latenessBenchmark(ticks: quick ? 100 : 500, interval: .milliseconds(10), into: &records) }
     if selected.contains("loop-noop") { loopNoopBenchmark(count: 10_000, budget: budget, into: &records) }
+    if selected.contains("effects") { try effectsBenchmark(count: quick ? 10_000 : 50_000, rounds: quick ? 3 : 7, into: &records) }
 } catch {
     fail("real loop: \(error)")
 }
@@ -223,6 +225,8 @@ if !lateness.isEmpty {
         [$0.implementation, String($0.runs), duration($0.medianNanos), duration($0.p99Nanos)]
     })
 }
+
+printEffects(records)
 
 let noop = of("loop-noop")
 if !noop.isEmpty {

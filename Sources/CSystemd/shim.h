@@ -72,4 +72,20 @@ static inline int CSystemd_bus_message_read_3strings(sd_bus_message *m, const ch
     return sd_bus_message_read(m, "sss", a, b, c);
 }
 
+// --- Effects: the main queue on the loop (Docs/Effects.md) ---
+#include <unistd.h>
+#include <sys/syscall.h>
+
+/// Whether the calling thread is the process's main thread.
+static inline int CSystemd_is_main_thread(void) {
+    return getpid() == (pid_t)syscall(SYS_gettid);
+}
+
+/// libdispatch's run-loop integration of the main queue (exported by the
+/// toolchain's libdispatch; what Foundation's RunLoop uses on Linux): an
+/// eventfd that becomes readable when main-queue work is pending, and the
+/// call that drains it. Only the main thread's loop may use them.
+int _dispatch_get_main_queue_handle_4CF(void);
+void _dispatch_main_queue_callback_4CF(void *msg);
+
 #endif

@@ -75,4 +75,6 @@ public struct ShutdownReport<Message> {
     public var stopped: [SubscriptionID]
     /// Messages that were queued and will never be processed.
     public var dropped: [Message]
+    /// How the tasks still running when shutdown began ended (Tasks.swift).
+    public var tasks = TaskShutdownCounts()
 }

@@ -62,6 +62,8 @@ public final class Runtime<P: Program>: DriverHost {
     var retiredPosters = 0
     /// Reconcile passes so far (skipped ones included): a transcript's round.
     var rounds = 0
+    /// Owned tasks (Tasks.swift); their results join the mailbox in `moveInbox`.
+    let taskRegistry = TaskRegistry<P.Message>()
 
     /// A runtime for `program` on `driver`.
     /// - Parameters:
@@ -106,7 +108,9 @@ public final class Runtime<P: Program>: DriverHost {
         case .shutDown: throw RuntimeError.shutDown
         case .idle: break
         }
-        inbox.setWaker(try driver.attach(self))
+        let waker = try driver.attach(self)
+        inbox.setWaker(waker)
+        taskRegistry.attach(waker: waker, runner: (driver as? any TaskDriver)?.taskRunner)
         state = .running
         let commands = startCommands
         startCommands = []
@@ -138,12 +142,14 @@ public final class Runtime<P: Program>: DriverHost {
         guard state == .running else { return }
         moveInbox()
         drainAndReconcile(force: false)
+        taskRegistry.checkSettled()
     }
 
     private func moveInbox() {
         for item in inbox.takeAll() {
             if let envelope = envelope(item) { mailbox.append(envelope) }
         }
+        taskRegistry.takeResults { mailbox.append(Envelope(message: $0, source: nil, origin: .task($1))) }
         if retiredPosters > 0 {
             // Posts from these were refused since their stop; all they posted
             // before it was just taken.
@@ -175,14 +181,15 @@ public final class Runtime<P: Program>: DriverHost {
         guard state != .shutDown else { return ShutdownReport(stopped: [], dropped: []) }
         let wasAttached = state == .running
         state = .shutDown
+        let (tasks, undelivered) = taskRegistry.close()
         let sources = reconciler.removeAll()
         for s in sources { stop(s) }
-        let dropped = mailbox[head...].map(\.message) + inbox.close().compactMap { envelope($0)?.message }
+        let dropped = mailbox[head...].map(\.message) + inbox.close().compactMap { envelope($0)?.message } + undelivered
         mailbox = []
         head = 0
         posterSources = [:]
         if wasAttached { driver.detach() }
-        return ShutdownReport(stopped: sources.map(\.id), dropped: dropped)
+        return ShutdownReport(stopped: sources.map(\.id), dropped: dropped, tasks: tasks)
     }
 
     // MARK: - The loop
@@ -312,4 +319,28 @@ extension Runtime: MessageSink {
 extension Runtime where P.Message: Sendable {
     /// A handle that sends messages from any thread (bounded; see `Sender`).
     public func sender() -> Sender<P.Message> { Sender(inbox: inbox) }
+}
+
+// MARK: - Effects (owned tasks, the clock)
+
+extension Runtime {
+    /// The owned tasks a command interpreter starts and cancels by identity.
+    public var tasks: TaskRegistry<P.Message> { taskRegistry }
+
+    /// The clock tasks sleep on: the driver's (`TaskDriver`), else `ContinuousClock`.
+    public var clock: LoopClock { (driver as? any TaskDriver)?.clock ?? .continuous }
+
+    /// Whether `beginShutdown()` or `shutdown()` was called.
+    public var isShuttingDown: Bool { state == .shutDown || taskRegistry.isShuttingDown }
+
+    /// First half of a graceful shutdown: cancels every task, refuses new
+    /// ones, and returns how many still run. Sources and messages go on
+    /// (cancelled tasks' results are delivered) until `shutdown()`; a host
+    /// that runs the loop waits for `whenTasksEnded` or its grace deadline.
+    @discardableResult
+    public func beginShutdown() -> Int { taskRegistry.beginShutdown() }
+
+    /// Calls `body` on the loop thread (after a pump) once every task ended
+    /// after `beginShutdown()`; not called when none was running.
+    public func whenTasksEnded(_ body: @escaping () -> Void) { taskRegistry.onSettled = body }
 }

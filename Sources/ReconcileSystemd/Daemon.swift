@@ -36,6 +36,14 @@ public final class Daemon<P: Program> {
         /// The command line to note in the transcript's header (replay tools
         /// rebuild the program from it); nil: none.
         public var recordArguments: [String]?
+        /// How long shutdown waits for cancelled tasks on the running loop
+        /// before abandoning them (Docs/Effects.md).
+        public var shutdownGrace: Duration = .seconds(5)
+        /// Delivered to `update` when shutdown begins (before tasks are cancelled).
+        public var shutdownMessage: P.Message?
+        /// Whether the loop drains the main actor's queue when it runs on the
+        /// main thread (`@MainActor` code and `Task {}` in `main.swift` run).
+        public var drainsMainQueue = true
 
         /// The defaults: SIGTERM and SIGINT shut down, notify and watchdog on, info logging.
         public init() {}
@@ -63,8 +71,16 @@ public final class Daemon<P: Program> {
     private var watchdog: WatchdogPinger?
     private var lastStatus: String?
     private var ready = false
-    private var exitCode: Int32 = 0
+    var exitCode: Int32 = 0
     private var flushHook: SignalHook?
+    // Effects (Daemon+Effects.swift).
+    var mainQueue: MainQueueDrain?
+    var stopRequested = false
+    var stoppingNotified = false
+    var graceSources: [EventSource] = []
+    var graceHook: SignalHook?
+    /// How the tasks in flight at shutdown ended (after `run()` returned).
+    public internal(set) var taskReport = TaskShutdownCounts()
 
     /// A daemon running `program`; `perform` interprets its commands.
     /// - Throws: `SystemdError` if the loop cannot be created.
@@ -98,11 +114,14 @@ public final class Daemon<P: Program> {
         }
         try installShutdownSignals()
         try installRecorderFlush()
+        if options.drainsMainQueue { mainQueue = try MainQueueDrain(loop: loop) }
         state = .running
         try runtime.start()
-        // A start command may have stopped the daemon: STOPPING=1 is sent,
-        // READY=1 must not follow it.
+        // A start command may have stopped the daemon (at once, or by a
+        // graceful stop still waiting for tasks): STOPPING=1 is sent, READY=1
+        // must not follow it.
         guard state == .running else { return exitCode }
+        if stopRequested { return try runUntilStopped() }
         // READY after the first reconcile, with the status at that moment;
         // STATUS updates only after READY.
         lastStatus = runtime.program.status(runtime.model)
@@ -119,6 +138,10 @@ public final class Daemon<P: Program> {
                 logger.info("watchdog enabled: \(interval.short), pinging every \(period.short)")
             }
         }
+        return try runUntilStopped()
+    }
+
+    private func runUntilStopped() throws -> Int32 {
         let code = try loop.run()
         if state == .running { shutdown(reason: "loop ended") }
         return code == 0 ? exitCode : code
@@ -128,23 +151,28 @@ public final class Daemon<P: Program> {
     /// from a command interpreter or any loop callback; a second call does
     /// nothing.
     public func stop(exitCode: Int32 = 0) {
-        guard state == .running else { return }
+        guard state == .running, !stopRequested else { return }
         self.exitCode = exitCode
+        if beginGracefulStop() { return }   // tasks in flight: finishes on the loop
         shutdown(reason: "stop requested")
         try? loop.exit(exitCode)
     }
 
-    private func shutdown(reason: String) {
+    func shutdown(reason: String) {
         state = .stopped
-        if options.notify { ServiceManager.notify("STOPPING=1") }
+        if options.notify, !stoppingNotified { ServiceManager.notify("STOPPING=1") }
         let report = runtime.shutdown()
         recorder?.finish(reason: "shutdown")
         watchdog?.close()
         watchdog = nil
         for s in shutdownSources { s.close() }
         shutdownSources = []
-        logger.notice("shutdown (\(reason)): stopped \(report.stopped.count) source(s), dropped \(report.dropped.count) queued message(s)",
-                      ["STOPPED": "\(report.stopped.count)", "DROPPED": "\(report.dropped.count)"])
+        closeGrace()
+        taskReport = report.tasks
+        logger.notice("shutdown (\(reason)): stopped \(report.stopped.count) source(s), dropped \(report.dropped.count) queued message(s), tasks: \(report.tasks)",
+                      ["STOPPED": "\(report.stopped.count)", "DROPPED": "\(report.dropped.count)",
+                       "TASKS_CANCELLED": "\(report.tasks.cancelled)", "TASKS_FINISHED": "\(report.tasks.finished)",
+                       "TASKS_ABANDONED": "\(report.tasks.abandoned)"])
     }
 
     /// Hands recorded records to the writer thread whenever the loop has

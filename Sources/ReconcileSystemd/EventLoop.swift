@@ -46,8 +46,32 @@ public final class EventLoop {
     }
 
     deinit {
+        executorSource?.close()
         if ownership == .owned { sd_event_unref(handle) }
     }
+
+    private var executorSource: LoopExecutorSource?
+
+    /// The loop as a Swift executor (created on first use, on the loop's
+    /// thread): tasks preferring it and actors adopting it run on this loop.
+    /// Traps if the eventfd or its IO source cannot be created (out of fds).
+    public var executor: LoopExecutor {
+        if let s = executorSource { return s.executor }
+        do {
+            let s = try LoopExecutorSource(loop: handle, thread: thread)
+            executorSource = s
+            return s.executor
+        } catch {
+            fatalError("EventLoop.executor: \(error)")
+        }
+    }
+
+    /// The loop as a task executor, for `Task(executorPreference:)`: the
+    /// task's jobs and continuations run on this loop.
+    public var taskExecutor: LoopExecutor { executor.taskExecutor }
+
+    /// Real monotonic time; sleeps are sd-event timers on this loop.
+    public var clock: LoopClock { LoopClock(SystemdClockSource(loop: handle, executor: executor)) }
 
     /// Whether the caller is on the loop's thread.
     public var isOnLoopThread: Bool { CSystemd_thread_id() == thread }

@@ -66,6 +66,12 @@ public final class SystemdDriver: Driver {
     /// Starts the ticket's source on the loop; a kind that is not a `SystemdSource`, or a start that throws, becomes a failure event.
     public func start(_ ticket: SourceTicket) {
         guard let kind = systemdKind(ticket.source) else {
+            if let kind = ticket.source as? any TaskBackedSource.Type {
+                // A task on the loop's executor (StreamSource).
+                ticket.driverState = TaskSourceRunner(stop: kind.startTask(ticket, executor: loop.taskExecutor))
+                running += 1
+                return
+            }
             ticket.fail(SourceFailure(operation: "start \(ticket.id)",
                                       reason: "the sd-event driver cannot run source kind '\(ticket.id.kind)' (it does not conform to SystemdSource)"))
             return

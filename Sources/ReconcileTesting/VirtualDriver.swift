@@ -62,8 +62,18 @@ public final class VirtualDriver: Driver {
     /// (stop of an unknown or already stopped activation, retune after stop).
     public private(set) var contractViolations: [String] = []
 
+    /// Tasks: recorded by identity, run only when a test says (VirtualEffects.swift).
+    public let tasks: VirtualTasks
+    /// Where tasks and stream sources run: inside `runUntilIdle`/`advance`.
+    public let executor: VirtualExecutor
+    let clockSource = VirtualClockSource()
+    var taskSourceStops: [Activation: () -> Void] = [:]
+
     /// A driver at virtual time zero with nothing running.
-    public init() {}
+    public init() {
+        executor = VirtualExecutor()
+        tasks = VirtualTasks(executor: executor)
+    }
 
     /// The virtual time since the driver was created.
     public var now: Duration { .microseconds(nowMicros) }
@@ -102,6 +112,7 @@ public final class VirtualDriver: Driver {
             ticket.fail(failure)
             return
         }
+        if startTaskBacked(ticket) { return }
         if let config = ticket.configuration(as: TimerSource.self) {
             timers[ticket.activation] = TimerState(
                 ticket: ticket, origin: nowMicros, interval: max(1, config.interval.saturatingMicroseconds),
@@ -135,6 +146,7 @@ public final class VirtualDriver: Driver {
         running[ticket.id] = nil
         stopCounts[ticket.id, default: 0] += 1
         timers[ticket.activation] = nil
+        stopTaskBacked(ticket)
     }
 
     /// Disconnects the runtime.
@@ -147,11 +159,25 @@ public final class VirtualDriver: Driver {
     /// reconciled, before the next one), then pumps the inbox.
     public func advance(by duration: Duration) {
         let target = saturatingSum(nowMicros, duration.saturatingMicroseconds)
-        while firesTimers, let (activation, due) = nextDue(before: target) {
-            nowMicros = due
-            fire(activation, missed: 0)
+        runUntilIdle()
+        while true {
+            // Timers and clock sleeps, in time order (a timer first on a tie).
+            let timer = firesTimers ? nextDue(before: target) : nil
+            let sleep = clockSource.nextDeadline(notAfter: .microseconds(target)).map { ($0 + .nanoseconds(999)).saturatingMicroseconds }
+            if let (activation, due) = timer, sleep.map({ due <= $0 }) ?? true {
+                nowMicros = due
+                clockSource.set(now: .microseconds(due))
+                fire(activation, missed: 0)
+            } else if let due = sleep {
+                nowMicros = due
+                clockSource.set(now: .microseconds(due))
+            } else {
+                break
+            }
+            runUntilIdle()
         }
         nowMicros = target
+        clockSource.set(now: .microseconds(target))
         runUntilIdle()
     }
 
@@ -159,6 +185,7 @@ public final class VirtualDriver: Driver {
     /// fires each overdue timer once, reporting how many due times it missed.
     public func stall(for duration: Duration) {
         nowMicros = saturatingSum(nowMicros, duration.saturatingMicroseconds)
+        clockSource.set(now: .microseconds(nowMicros))
         let overdue = !firesTimers ? [] : timers.filter { $0.value.due <= nowMicros && $0.value.due < .max }.sorted { $0.value.due < $1.value.due }
         for (activation, t) in overdue {
             guard timers[activation] != nil else { continue }
@@ -216,8 +243,13 @@ public final class VirtualDriver: Driver {
 
     /// Pumps the runtime's inbox if a waker fired since the last pump.
     public func runUntilIdle() {
-        while wakePending.take() {
-            host?.pumpInbox()
+        while true {
+            let ran = executor.runJobs()
+            if wakePending.take() {
+                host?.pumpInbox()
+                continue
+            }
+            if !ran { return }
         }
     }
 }

@@ -168,9 +168,30 @@ case "connectivity":
         i += 2
     }
     exit(runDaemon(ConnectivityProgram(configuration: c, granularities: granularities, dropOn: dropOn), logToStdout: true))
+case "maintask":
+    // README-style: a `Task {}` in the perform closure of top-level code.
+    // The closure is main-actor isolated; the loop holds the main thread and
+    // drains the main actor's queue, so the task runs and resumes there.
+    var mainTaskOptions = Daemon<MainTaskProgram>.Options()
+    mainTaskOptions.drainsMainQueue = !args.contains("nodrain")   // nodrain: show the hang it fixes
+    let daemon = try Daemon(MainTaskProgram(), options: mainTaskOptions) { command, daemon in
+        switch command {
+        case .spawn:
+            Task {
+                say("task ran loop=\(daemon.loop.isOnLoopThread)")
+                try? await Task.sleep(for: .milliseconds(20))
+                say("resumed loop=\(daemon.loop.isOnLoopThread)")
+                daemon.stop(exitCode: 7)
+            }
+        }
+    }
+    say("running")
+    exit(try daemon.run())
+case "tasks" where args.count > 4:
+    exit(runTasksProbe(tasks: Int(args[2]) ?? 0, stubborn: Int(args[3]) ?? 0, grace: .milliseconds(Int(args[4]) ?? 0)))
 case "forge" where args.count > 2:
     exit(forgeNetlink(to: UInt32(args[2]) ?? 0))
 default:
-    say("usage: reconcile-probe daemon | stop-at-start | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT")
+    say("usage: reconcile-probe daemon | stop-at-start | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT | maintask [nodrain] | tasks N STUBBORN GRACE_MS")
     exit(2)
 }

@@ -5,7 +5,7 @@ import Testing
 /// The README's example program, verbatim, so the README stays true.
 struct Autosave: Program {
     struct Model: Equatable { var dirty = false; var phase = Phase() }
-    enum Message { case edited, quiet(Phase), reload }
+    enum Message { case edited, quiet(Phase), reload, saved(ok: Bool) }
     enum Command { case save, readConfig }
 
     func start() -> (Model, [Command]) { (Model(), [.readConfig]) }
@@ -22,6 +22,9 @@ struct Autosave: Program {
             return [.save]
         case .reload:
             return [.readConfig]
+        case .saved(let ok):
+            if !ok { model.dirty = true; model.phase.advance() }   // retry after a quiet period
+            return []
         }
     }
 
@@ -53,4 +56,34 @@ struct Autosave: Program {
         driver.emit(SignalSource.Event.received(.hangup, sender: 1), to: SubscriptionID(SignalSource.self, key: SignalSource.Signal.hangup))
         #expect(commands == [.readConfig, .save, .readConfig])
     }
+
+    /// The README's interpreter: `.save` is an owned task by ID; a failed
+    /// save comes back as a message and is retried after a quiet period.
+    @Test func saveRunsAsAnOwnedTaskAndAFailedSaveIsRetried() throws {
+        let driver = VirtualDriver()
+        let rt = Runtime(Autosave(), driver: driver) { command, rt in
+            switch command {
+            case .save:
+                rt.tasks.run(id: "save") {
+                    try await writeDocument()
+                    return .saved(ok: true)
+                } failure: { _ in .saved(ok: false) }
+            case .readConfig:
+                break
+            }
+        }
+        try rt.start()
+        try rt.send(.edited)
+        driver.advance(by: .seconds(2))
+        #expect(driver.tasks.log == [.run(TaskID("save"))])
+        #expect(driver.complete(task: "save", with: Autosave.Message.saved(ok: false)))
+        #expect(rt.model.dirty)
+        driver.advance(by: .seconds(2))
+        #expect(driver.tasks.log == [.run(TaskID("save")), .run(TaskID("save"))])
+        #expect(driver.perform(task: "save"))
+        #expect(!rt.model.dirty && rt.tasks.inFlight.isEmpty)
+    }
 }
+
+/// The README's `writeDocument()`.
+@Sendable func writeDocument() async throws {}

@@ -1,0 +1,35 @@
+import Reconcile
+
+extension SystemdDriver: TaskDriver {
+    /// Tasks run on the loop's task executor (`.offload`: the global executor).
+    public var taskRunner: any TaskRunner { LoopTaskRunner(loop: loop) }
+    /// Real monotonic time; sleeps are sd-event timers.
+    public var clock: LoopClock { loop.clock }
+}
+
+/// Runs tasks on a loop's task executor, created on the first task (a
+/// runtime that starts none adds no sd-event source to the loop).
+final class LoopTaskRunner: TaskRunner {
+    private let loop: EventLoop
+    private var runner: ExecutorTaskRunner?
+
+    init(loop: EventLoop) { self.loop = loop }
+
+    func start(_ job: TaskJob) -> () -> Void {
+        if let runner { return runner.start(job) }
+        let r = ExecutorTaskRunner(executor: loop.taskExecutor)
+        runner = r
+        return r.start(job)
+    }
+}
+
+/// A task-backed source (`StreamSource`) as a running source.
+final class TaskSourceRunner: RunningSource {
+    private var stopTask: (() -> Void)?
+    init(stop: @escaping () -> Void) { stopTask = stop }
+    func retune(to configuration: AnyHashable) throws {}
+    func stop() {
+        stopTask?()
+        stopTask = nil
+    }
+}
