@@ -23,12 +23,12 @@ test: deps
 sanitize: deps
 	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build/tsan $(SWIFTFLAGS)
 	TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan.supp" \
-		timeout 2400 $(SWIFT) test --skip-build --sanitize=thread --scratch-path .build/tsan
+		timeout 2400 $(SWIFT) test --skip-build --disable-xctest --sanitize=thread --scratch-path .build/tsan
 	$(SWIFT) build --build-tests --sanitize=address --scratch-path .build/asan $(SWIFTFLAGS)
 	# (Resident memory is no measure under ASan, whose quarantine keeps freed
 	# memory on purpose: the RSS-flatness tests run in `make test` only.)
 	ASAN_OPTIONS="halt_on_error=1 detect_leaks=0" \
-		timeout 2400 $(SWIFT) test --skip-build --sanitize=address --scratch-path .build/asan \
+		timeout 2400 $(SWIFT) test --skip-build --disable-xctest --sanitize=address --scratch-path .build/asan \
 		--skip DescriptorsAndMemoryFlat
 
 # Builds and runs the connectivity indicator on this machine (Ctrl-C stops it).
@@ -51,7 +51,7 @@ clean:
 FUZZ_SECONDS ?= 60
 FUZZ_BIN = .build/fuzz-netlink
 
-$(FUZZ_BIN): Fuzz/netlink/main.swift Sources/ReconcileSystemd/Netlink/NetlinkParser.swift
+$(FUZZ_BIN): Fuzz/netlink/main.swift Sources/ReconcileSystemd/Connectivity/Netlink/NetlinkParser.swift
 	@mkdir -p .build
 	swiftc -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -swift-version 6 -o $@ $^
 

@@ -1,4 +1,4 @@
-// libFuzzer target for the rtnetlink parser (Sources/ReconcileSystemd/Netlink/NetlinkParser.swift).
+// libFuzzer target for the rtnetlink parser (Sources/ReconcileSystemd/Connectivity/Netlink/NetlinkParser.swift).
 // Built by `make fuzz` / `make test` with: swiftc -sanitize=fuzzer,address -parse-as-library
 // The parser must never trap, read out of bounds or loop forever on any input.
 
