@@ -12,15 +12,12 @@ extension Daemon {
     /// The loop as a Swift executor.
     public var executor: LoopExecutor { loop.executor }
 
-    /// Starts a graceful stop: the shutdown message, every task cancelled.
+    /// Starts a graceful stop (after `stop` delivered the shutdown message):
+    /// every task cancelled.
     /// Returns true when tasks still run: the loop keeps running (sources,
     /// messages, the cancelled tasks' results) until they end or
     /// `Options.shutdownGrace` passes; then shutdown finishes.
     func beginGracefulStop() -> Bool {
-        stopRequested = true
-        if let message = options.shutdownMessage {
-            do { try runtime.send(message) } catch { logger.warning("shutdown message not delivered: \(error)") }
-        }
         let running = runtime.beginShutdown()
         guard running > 0 else { return false }
         if options.notify {

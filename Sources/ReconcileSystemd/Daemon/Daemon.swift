@@ -76,6 +76,7 @@ public final class Daemon<P: Program> {
     // Effects (Daemon+Effects.swift).
     var mainQueue: MainQueueDrain?
     var stopRequested = false
+    var stopHook: SignalHook?
     var stoppingNotified = false
     var graceSources: [EventSource] = []
     var graceHook: SignalHook?
@@ -150,12 +151,30 @@ public final class Daemon<P: Program> {
     /// Shuts down in order and makes `run()` return `exitCode`. Safe to call
     /// from a command interpreter or any loop callback; a second call does
     /// nothing.
+    ///
+    /// The stop itself runs from a fresh loop dispatch: the message being
+    /// processed now, what it queued, and `Options.shutdownMessage` reach
+    /// `update` first.
     public func stop(exitCode: Int32 = 0) {
         guard state == .running, !stopRequested else { return }
         self.exitCode = exitCode
-        if beginGracefulStop() { return }   // tasks in flight: finishes on the loop
-        shutdown(reason: "stop requested")
-        try? loop.exit(exitCode)
+        stopRequested = true
+        if let message = options.shutdownMessage {
+            do { try runtime.send(message) } catch { logger.warning("shutdown message not delivered: \(error)") }
+        }
+        let hook = SignalHook { [unowned self] _ in
+            guard state == .running else { return }
+            if beginGracefulStop() { return }   // tasks in flight: finishes on the loop
+            shutdown(reason: "stop requested")
+            try? loop.exit(self.exitCode)
+        }
+        stopHook = hook
+        var deferred: OpaquePointer?
+        let r = sd_event_add_defer(loop.handle, &deferred, { _, ud in
+            Unmanaged<SignalHook>.fromOpaque(ud!).takeUnretainedValue().action(0)
+            return 0
+        }, Unmanaged.passUnretained(hook).toOpaque())
+        if r >= 0 { graceSources.append(EventSource(deferred!)) } else { hook.action(0) }
     }
 
     func shutdown(reason: String) {
