@@ -168,7 +168,10 @@ public enum Replay {
                 }
             }
             if let t = (batch.first ?? plan)?.value["time_us"]?.int, let s = startTime {
-                let target = Duration.microseconds(t - s)
+                // Times come from a file: a difference that does not fit is a bad line, not a trap.
+                let (elapsed, overflow) = t.subtractingReportingOverflow(s)
+                guard !overflow else { throw .badLine(line: line.number, reason: "time_us \(t) is out of range") }
+                let target = Duration.microseconds(elapsed)
                 if target > driver.now { driver.advance(by: target - driver.now) }
             }
             let failedIDs = runtime.activeIDs.filter { failed.contains($0.description) }
@@ -205,9 +208,9 @@ public enum Replay {
         case "sender": return .sender
         case "task": return .task(value?["id"]?.string ?? "")
         case "source":
-            if let id = value?["id"]?.string, let a = value?["activation"]?.int,
+            if let id = value?["id"]?.string, let a = value?["activation"]?.int, let generation = UInt64(exactly: a),
                let sid = runtime.activeIDs.first(where: { $0.description == id }) {
-                return .source(sid, Activation(generation: UInt64(a)))
+                return .source(sid, Activation(generation: generation))
             }
             return .host
         default: return .host

@@ -333,9 +333,6 @@ func kind<T>(of value: T) -> String {
 }
 
 extension Duration {
-    /// Whole microseconds (transcript times), rounded toward zero.
-    var wholeMicroseconds: Int64 {
-        let (s, a) = components
-        return s &* 1_000_000 &+ a / 1_000_000_000_000
-    }
+    /// Whole microseconds (transcript times): the one checked conversion.
+    var wholeMicroseconds: Int64 { saturatingMicroseconds }
 }

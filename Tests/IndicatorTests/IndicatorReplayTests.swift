@@ -48,4 +48,27 @@ import Testing
             try Replay.run(Other(), path: Self.session)
         }
     }
+
+    @Test(arguments: [
+        ("\"time_us\":2549260945,", "\"time_us\":-9223372036854775807,"),   // elapsed time overflows
+        ("\"activation\":1}", "\"activation\":-1}"),                        // not a generation
+    ])
+    func outOfRangeNumbersAreABadTranscriptNotATrap(field: String, replacement: String) throws {
+        let text = try String(contentsOfFile: Self.session, encoding: .utf8)
+        let lines = text.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        // The first message's line, damaged; the others as recorded.
+        let damaged = lines.map { $0.contains("\"index\":0,") ? $0.replacingOccurrences(of: field, with: replacement) : $0 }
+        #expect(damaged != lines)
+        let transcript = try Transcript(data: Data(damaged.joined(separator: "\n").utf8))
+        do {
+            let outcome = try Replay.run(program, transcript)
+            // A negative activation is no source the replay knows: the event
+            // arrives from the host and the run diverges or matches, no trap.
+            #expect(field.contains("activation"))
+            _ = outcome
+        } catch {
+            #expect(field.contains("time_us"))
+            #expect("\(error)".contains("out of range"))
+        }
+    }
 }
