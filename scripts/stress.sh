@@ -31,7 +31,7 @@ links() {
     if [ "$(id -u)" != 0 ]; then echo "stress links needs root (network namespaces)" >&2; return 1; fi
     local out
     out=$(mktemp -d)
-    trap 'rm -rf "$out"' RETURN
+    trap 'rm -rf "${out:-}"; trap - RETURN' RETURN
     unshare -n /bin/bash -c '
         set -euo pipefail
         probe=$1 out=$2 changes=$3 seconds=$4
@@ -104,7 +104,7 @@ fuzz() {
     mkdir -p .build/fuzz-corpus
     local log
     log=$(mktemp)
-    trap 'rm -f "$log"' RETURN
+    trap 'rm -f "${log:-}"; trap - RETURN' RETURN
     if .build/fuzz-netlink -max_total_time="${FUZZ_SECONDS:-180}" -max_len=4096 -print_final_stats=1 \
         .build/fuzz-corpus Fuzz/netlink/corpus >"$log" 2>&1; then
         echo "stress-fuzz: $(grep -o "Done [0-9]* runs in [0-9]* second(s)" "$log" | tail -1), $(grep -o "corp: [0-9]*" "$log" | tail -1) inputs, no crash"
