@@ -2,7 +2,7 @@
 SWIFT ?= swift
 SWIFTFLAGS ?= -Xswiftc -warnings-as-errors
 
-.PHONY: deps build test demo demo-netns bench clean fuzz fuzz-replay docs sanitize
+.PHONY: deps build test demo demo-netns bench clean fuzz fuzz-replay docs sanitize stress
 
 deps:
 	@./scripts/ensure-deps.sh
@@ -65,6 +65,13 @@ fuzz-replay: $(FUZZ_BIN)
 fuzz: $(FUZZ_BIN)
 	@mkdir -p .build/fuzz-corpus
 	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=4096 .build/fuzz-corpus Fuzz/netlink/corpus
+
+# The stress figures of Docs/Reliability.md (cross-thread sends, start/stop
+# churn, link flaps in a namespace, fuzzing): about 5 minutes, root for the
+# namespace; `scripts/stress.sh send|churn|links|fuzz` runs one part.
+stress: deps
+	$(SWIFT) build -c release --product reconcile-probe $(SWIFTFLAGS)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) ./scripts/stress.sh all
 
 # The API reference (DocC) of Reconcile, ReconcileTesting and
 # ReconcileSystemd as a static site in .build/docs/site.

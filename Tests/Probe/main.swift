@@ -189,9 +189,13 @@ case "maintask":
     exit(try daemon.run())
 case "tasks" where args.count > 4:
     exit(runTasksProbe(tasks: Int(args[2]) ?? 0, stubborn: Int(args[3]) ?? 0, grace: .milliseconds(Int(args[4]) ?? 0)))
+case "stress-send" where args.count > 4:
+    exit(stressSend(threads: Int(args[2]) ?? 8, messages: Int(args[3]) ?? 20_000, capacity: Int(args[4]) ?? 64))
+case "stress-churn" where args.count > 2:
+    exit(stressChurn(seconds: Int(args[2]) ?? 60))
 case "forge" where args.count > 2:
     exit(forgeNetlink(to: UInt32(args[2]) ?? 0))
 default:
-    say("usage: reconcile-probe daemon | stop-at-start | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT | maintask [nodrain] | tasks N STUBBORN GRACE_MS")
+    say("usage: reconcile-probe daemon | stop-at-start | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT | maintask [nodrain] | tasks N STUBBORN GRACE_MS | stress-send THREADS MESSAGES CAPACITY | stress-churn SECONDS")
     exit(2)
 }
