@@ -39,8 +39,14 @@ final class FileWatchRunner: RunningSource {
         unowned let runner: FileWatchRunner
         let path: String
         /// Names of the path looked up in this directory: a change of one
-        /// re-resolves the path.
-        var names: Set<String> = []
+        /// re-resolves the path. Almost always one (more only through
+        /// symlinks or `..`): the first is kept without a collection.
+        var name: String?
+        var moreNames: [String] = []
+        func insertName(_ n: String) {
+            if name == nil { name = n } else if name != n && !moreNames.contains(n) { moreNames.append(n) }
+        }
+        func hasName(_ n: String) -> Bool { name == n || moreNames.contains(n) }
         /// The final name, when this directory holds the watched file: its
         /// writes and attribute changes are modifications.
         var content: String?
@@ -165,19 +171,29 @@ final class FileWatchRunner: RunningSource {
         guard dir >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
         defer { close(dir) }
         var dirPath = "/"
-        var byPath: [String: Watch] = [:]
 
-        /// The watch on directory `fd` (at `p`), added once per resolution.
+        /// The watch on directory `fd` (at `p`), added once per resolution
+        /// (a path has a handful of directories: a linear search).
         func watch(_ fd: Int32, _ p: String) -> Result<Watch, SourceFailure> {
-            if let w = byPath[p] { return .success(w) }
+            if let w = fresh.first(where: { $0.path == p }) { return .success(w) }
             let result = addWatch(fd, p)
-            if case .success(let w) = result {
-                byPath[p] = w
-                fresh.append(w)
-            }
+            if case .success(let w) = result { fresh.append(w) }
             return result
         }
-        var rest = Array(components.reversed())
+        // The components still to resolve: `components[next...]`, then the
+        // pushed ones (a symlink's target), last first.
+        var next = 0
+        var pushed: [String] = []
+        func pop() -> String? {
+            if let name = pushed.popLast() { return name }
+            guard next < components.count else { return nil }
+            next += 1
+            return components[next - 1]
+        }
+        /// Only `.` components remain.
+        func restIsDots() -> Bool {
+            pushed.allSatisfy { $0 == "." } && components[next...].allSatisfy { $0 == "." }
+        }
         var links = 0
 
         func enter(_ fd: Int32, _ p: String) {
@@ -186,7 +202,7 @@ final class FileWatchRunner: RunningSource {
             dirPath = p
         }
 
-        while let name = rest.popLast() {
+        while let name = pop() {
             if name == "." { continue }
             if name == ".." {
                 let up = openat(dir, "..", O_PATH | O_DIRECTORY | O_CLOEXEC)
@@ -200,7 +216,7 @@ final class FileWatchRunner: RunningSource {
             case .success(let w): here = w
             case .failure(let f): return .failure(f)
             }
-            here.names.insert(name)
+            here.insertName(name)
             let entryPath = Self.join(dirPath, name)
             let fd = openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)
             if fd < 0 {
@@ -216,7 +232,7 @@ final class FileWatchRunner: RunningSource {
                 return .failure(SystemdError("stat \(entryPath)", errno: e).failure)
             }
             let type = st.st_mode & S_IFMT
-            let last = rest.allSatisfy { $0 == "." }
+            let last = restIsDots()
             if type == S_IFLNK && (!last || follow) {
                 links += 1
                 let link = links <= Self.maximumLinks ? Self.readLink(fd) : nil
@@ -224,7 +240,10 @@ final class FileWatchRunner: RunningSource {
                 // A loop or an unreadable link names nothing; the watches so
                 // far see it change.
                 guard let link else { return .success(.missing) }
-                rest.append(contentsOf: link.split(separator: "/").map(String.init).reversed())
+                // Pushed on top of the components not resolved yet.
+                pushed.append(contentsOf: components[next...].reversed())
+                next = components.count
+                pushed.append(contentsOf: link.split(separator: "/").map(String.init).reversed())
                 if link.hasPrefix("/") {
                     let root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
                     guard root >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
@@ -306,7 +325,7 @@ final class FileWatchRunner: RunningSource {
         // Entries of a watched directory that are not the path's are
         // filtered here, without waking the flush.
         guard let name else { return }
-        if mask & Self.nameChangeMask != 0, watch.names.contains(name) {
+        if mask & Self.nameChangeMask != 0, watch.hasName(name) {
             touched = true
             scheduleRearm()
         }
