@@ -86,7 +86,9 @@ final class FileWatchRunner: RunningSource {
     private let follow: Bool
 
     private var watches: [Watch] = []
-    private var flush: EventSource?
+    /// The deferred flush source, owned here (no wrapper object); counted
+    /// in `EventSourceAccounting`, released by `stop()` or deinit.
+    private var flush: OpaquePointer?
     private var retryTimer: EventSource?
     private var retryDelay = FileWatchRunner.firstRetryMicroseconds
     /// What the path named when last resolved.
@@ -126,7 +128,8 @@ final class FileWatchRunner: RunningSource {
             Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue().flushPending()
             return 0
         }, Unmanaged.passUnretained(self).toOpaque()))
-        flush = EventSource(s!)
+        flush = s
+        EventSource.account(s!)
         // Run after this iteration's inotify events have been handed out.
         sd_event_source_set_priority(s, Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
         sd_event_source_set_enabled(s, Int32(SD_EVENT_OFF))
@@ -150,6 +153,7 @@ final class FileWatchRunner: RunningSource {
     /// looked up in it, and replaces the current watches with the new ones.
     private func resolveAndWatch() -> Result<Target, SourceFailure> {
         var fresh: [Watch] = []
+        fresh.reserveCapacity(components.count + 1)
         let result = resolve(into: &fresh)
         // The new watches are in place before the old ones go: a directory
         // in both keeps its shared source and inotify watch descriptor
@@ -217,7 +221,9 @@ final class FileWatchRunner: RunningSource {
             case .failure(let f): return .failure(f)
             }
             here.insertName(name)
-            let entryPath = Self.join(dirPath, name)
+            // The entry's path, for messages and nested directories only
+            // (a string per component otherwise).
+            var entryPath: String { Self.join(dirPath, name) }
             let fd = openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)
             if fd < 0 {
                 let e = errno
@@ -414,7 +420,7 @@ final class FileWatchRunner: RunningSource {
     }
 
     private func scheduleFlush() {
-        if let h = flush?.handle { sd_event_source_set_enabled(h, Int32(SD_EVENT_ONESHOT)) }
+        if let h = flush { sd_event_source_set_enabled(h, Int32(SD_EVENT_ONESHOT)) }
     }
 
     private func flushPending() {
@@ -437,10 +443,17 @@ final class FileWatchRunner: RunningSource {
         watches = []
     }
 
+    deinit {
+        if let h = flush { sd_event_source_disable_unref(h) }
+    }
+
     func stop() {
         closeWatches()
         retryTimer?.close(); retryTimer = nil
-        flush?.close(); flush = nil
+        if let h = flush {
+            flush = nil
+            sd_event_source_disable_unref(h)
+        }
         pending = []
     }
 }
