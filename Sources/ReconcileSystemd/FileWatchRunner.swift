@@ -54,6 +54,8 @@ final class FileWatchRunner: RunningSource {
         /// modification.
         var entries = false
         var entry: DirectoryWatches.Entry?
+        /// Where this watch is in its entry's `watches`.
+        var slot = 0
         init(_ runner: FileWatchRunner, _ path: String) {
             self.runner = runner
             self.path = path
@@ -471,13 +473,25 @@ final class DirectoryWatches {
         unowned let table: DirectoryWatches
         let key: Key
         var source: EventSource?
-        var watches: [ObjectIdentifier: FileWatchRunner.Watch] = [:]
+        /// The watches on this directory, each knowing its slot (O(1) add
+        /// and remove, no hashing).
+        var watches: [FileWatchRunner.Watch] = []
         init(_ table: DirectoryWatches, _ key: Key) {
             self.table = table
             self.key = key
         }
+        func add(_ watch: FileWatchRunner.Watch) {
+            watch.slot = watches.count
+            watches.append(watch)
+        }
         func remove(_ watch: FileWatchRunner.Watch) {
-            watches.removeValue(forKey: ObjectIdentifier(watch))
+            let i = watch.slot
+            guard i < watches.count, watches[i] === watch else { return }
+            let last = watches.removeLast()
+            if i < watches.count {
+                watches[i] = last
+                last.slot = i
+            }
             if watches.isEmpty { table.drop(self) }
         }
     }
@@ -495,7 +509,7 @@ final class DirectoryWatches {
         guard fstat(fd, &st) == 0 else { return .failure(SystemdError("stat \(path)", errno: errno).failure) }
         let key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
         if let e = entries[key] {
-            e.watches[ObjectIdentifier(watch)] = watch
+            e.add(watch)
             return .success(e)
         }
         let e = Entry(self, key)
@@ -507,7 +521,7 @@ final class DirectoryWatches {
         }, Unmanaged.passUnretained(e).toOpaque())
         guard r >= 0 else { return .failure(SystemdError("inotify_add_watch \(path)", errno: -r).failure) }
         e.source = EventSource(s!)
-        e.watches[ObjectIdentifier(watch)] = watch
+        e.add(watch)
         entries[key] = e
         return .success(e)
     }
@@ -520,8 +534,9 @@ final class DirectoryWatches {
             // The kernel dropped the watch: a later add must make a new one.
             if entries[e.key] === e { entries.removeValue(forKey: e.key) }
         }
-        // A handler may close watches (its own or, through a stop, others').
-        for w in Array(e.watches.values) where w.isOpen {
+        // A handler may close watches (its own or, through a stop, others'):
+        // the loop runs over a copy of the list as it was.
+        for w in e.watches where w.isOpen {
             w.runner.handle(w, mask, name)
         }
     }
