@@ -218,6 +218,10 @@ final class ReconcileEngine {
     private var displaced: [(memo: GroupMemo, entry: Unmanaged<ActiveSource>)] = []
     private var vanished: [GroupMemo] = []
     private var changes = 0
+    /// Starts in the last reconcile that had any: the first start of a
+    /// reconcile reserves that many (one allocation for the list, not a
+    /// growth series; nothing when nothing starts).
+    private var lastStarts = 0
     private var notPure: [String] = []
 
     init(root: GroupMemo, link: OwnerLink) {
@@ -237,6 +241,7 @@ final class ReconcileEngine {
         walk(desired.parts)
         finish(root)
         collectStops()
+        if !records.starts.isEmpty { lastStarts = records.starts.count }
         var plan = Plan(records: records, kept: kept, duplicates: duplicates)
         plan.groupsNotPure = notPure
         records = PlanRecords()
@@ -327,6 +332,7 @@ final class ReconcileEngine {
     private func start(_ d: SubscriptionCore, in memo: GroupMemo) {
         let fresh = makeEntry(d, memo)
         table.insert(fresh)
+        if records.starts.isEmpty { records.starts.reserveCapacity(max(16, lastStarts)) }
         records.starts.append((fresh, d.configurationBox))
         placeFresh(.passUnretained(fresh), in: memo)
     }
@@ -545,6 +551,9 @@ final class ReconcileEngine {
     private func collectStops() {
         guard !scans.isEmpty || !displaced.isEmpty else { return }
         var stops: [ActiveSource] = []
+        var bound = displaced.count
+        for scan in scans { bound += scan.order.count - scan.from }
+        stops.reserveCapacity(bound)
         for (memo, u) in displaced {
             let e = u.takeUnretainedValue()
             if e.memo === memo && e.epoch != epoch { stops.append(e) }
