@@ -165,15 +165,25 @@ final class FileTree {
     }
 }
 
-/// What `FileWatchRunner` asks of its parent-directory watch.
-let parentWatchMask = UInt32(IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CLOSE_WRITE
-    | IN_MODIFY | IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
+/// What `FileWatchRunner` asks of each directory it watches.
+let directoryWatchMask = UInt32(IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CLOSE_WRITE | IN_ATTRIB
+    | IN_DELETE_SELF | IN_MOVE_SELF)
+
+/// `O_PATH` (not exported by Glibc's module without `_GNU_SOURCE`).
+let benchOPath: Int32 = 0o10_000_000
 
 /// 10,000 file watches: our runtime's reconcile against the calls the watch
-/// makes, made directly (the deferred flush source with its priority and
-/// state, the parent-directory inotify watch, `stat` and `lstat` of the path;
-/// then two `sd_event_source_disable_unref`). Both sides keep one inotify
-/// watch on `/` open, so sd-event never closes and reopens its inotify fd.
+/// makes, made directly. A watch resolves its path one component at a time
+/// from `/` and watches every directory a name is looked up in, sharing one
+/// inotify source per directory inode among all watches: per path, the
+/// deferred flush source (priority, off), `open("/", O_PATH)`, and for each
+/// component `fstat` of the directory (its inode, the sharing key), the
+/// directory's inotify source when it is not watched yet, `openat(O_PATH |
+/// O_NOFOLLOW)`, `fstat`, `close`. Stop: the flush source's
+/// `sd_event_source_disable_unref`, and a directory's source when its last
+/// watch goes. The raw side keeps its directory table in a dictionary, as
+/// ours does. Both sides keep one inotify watch on `/` open, so sd-event
+/// never closes and reopens its inotify fd.
 func loopWatchesBenchmark(count: Int, rounds: Int, into records: inout [Record]) throws {
     let tree = FileTree(count: count)
     defer { tree.remove() }
@@ -183,11 +193,13 @@ func loopWatchesBenchmark(count: Int, rounds: Int, into records: inout [Record])
     var keeper: OpaquePointer?
     precondition(sd_event_add_inotify(raw.handle, &keeper, "/", UInt32(IN_DELETE_SELF), { _, _, _ in 0 }, nil) >= 0)
     defer { sd_event_source_disable_unref(keeper) }
-    var inotify = [OpaquePointer?](repeating: nil, count: count)
+    struct Inode: Hashable { let device: UInt64; let inode: UInt64 }
+    var directories: [Inode: (source: OpaquePointer?, users: Int)] = [:]
+    // The directories each path watches (a raw program would keep them too).
+    var used = [[Inode]](repeating: [], count: count)
     var defers = [OpaquePointer?](repeating: nil, count: count)
-    let cPaths = tree.paths.map { strdup($0)! }
-    let cParents = tree.parents.map { strdup($0)! }
-    defer { for p in cPaths + cParents { free(p) } }
+    let components = tree.paths.map { $0.split(separator: "/").map { strdup(String($0))! } }
+    defer { for c in components { for p in c { free(p) } } }
     let liveBefore = EventSourceAccounting.live
     startStopBenchmark("loop-watches", count: count, rounds: rounds,
         ours: { _ in ({ rig.select(1) }, { rig.select(0) }) },
@@ -197,16 +209,38 @@ func loopWatchesBenchmark(count: Int, rounds: Int, into records: inout [Record])
                 sd_event_add_defer(raw.handle, &defers[i], { _, _ in 0 }, nil)
                 sd_event_source_set_priority(defers[i], Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
                 sd_event_source_set_enabled(defers[i], Int32(SD_EVENT_OFF))
-                if sd_event_add_inotify(raw.handle, &inotify[i], cParents[i], parentWatchMask, { _, _, _ in 0 }, nil) < 0 {
-                    warn("raw sd_event_add_inotify failed")
+                var dir = open("/", benchOPath | O_DIRECTORY | O_CLOEXEC)
+                for name in components[i] {
+                    _ = fstat(dir, &st)
+                    let key = Inode(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
+                    if directories[key] != nil {
+                        directories[key]!.users += 1
+                    } else {
+                        var s: OpaquePointer?
+                        if sd_event_add_inotify_fd(raw.handle, &s, dir, directoryWatchMask, { _, _, _ in 0 }, nil) < 0 {
+                            warn("raw sd_event_add_inotify_fd failed")
+                        }
+                        directories[key] = (s, 1)
+                    }
+                    used[i].append(key)
+                    let fd = openat(dir, name, benchOPath | O_NOFOLLOW | O_CLOEXEC)
+                    _ = fstat(fd, &st)
+                    close(dir)
+                    dir = fd
                 }
-                _ = stat(cPaths[i], &st)
-                _ = lstat(cPaths[i], &st)
+                close(dir)
             }
         }, {
             for i in 0..<count {
-                inotify[i] = sd_event_source_disable_unref(inotify[i])
                 defers[i] = sd_event_source_disable_unref(defers[i])
+                for key in used[i] {
+                    directories[key]!.users -= 1
+                    if directories[key]!.users == 0 {
+                        sd_event_source_disable_unref(directories[key]!.source)
+                        directories[key] = nil
+                    }
+                }
+                used[i].removeAll(keepingCapacity: true)
             }
         }) },
         note: "file watches", into: &records)

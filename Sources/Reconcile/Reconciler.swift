@@ -104,6 +104,9 @@ final class GroupMemo {
     var cursor = 0
     var placed = 0
     var building = false
+    /// Where the new order first differs from the old one (entries before
+    /// it keep their positions and are all claimed).
+    var divergence = 0
     var newOrder: ContiguousArray<Unmanaged<ActiveSource>> = []
     var visited = 0
 
@@ -212,9 +215,16 @@ final class ReconcileEngine {
     private var duplicates: [SubscriptionID] = []
     private var current: GroupMemo
     private var forwards: [(Any) -> Any] = []
-    private var scans: [(memo: GroupMemo, order: ContiguousArray<Unmanaged<ActiveSource>>)] = []
+    private var scans: [(memo: GroupMemo, order: ContiguousArray<Unmanaged<ActiveSource>>, from: Int)] = []
+    /// Entries a new entry took the place of in their group's order
+    /// (stopped unless claimed elsewhere in this reconcile).
+    private var displaced: [(memo: GroupMemo, entry: Unmanaged<ActiveSource>)] = []
     private var vanished: [GroupMemo] = []
     private var changes = 0
+    /// Starts in the last reconcile that had any: the first start of a
+    /// reconcile reserves that many (one allocation for the list, not a
+    /// growth series; nothing when nothing starts).
+    private var lastStarts = 0
     private var notPure: [String] = []
 
     init(root: GroupMemo, link: OwnerLink) {
@@ -234,6 +244,7 @@ final class ReconcileEngine {
         walk(desired.parts)
         finish(root)
         collectStops()
+        if !records.starts.isEmpty { lastStarts = records.starts.count }
         var plan = Plan(records: records, kept: kept, duplicates: duplicates)
         plan.groupsNotPure = notPure
         records = PlanRecords()
@@ -324,8 +335,28 @@ final class ReconcileEngine {
     private func start(_ d: SubscriptionCore, in memo: GroupMemo) {
         let fresh = makeEntry(d, memo)
         table.insert(fresh)
+        if records.starts.isEmpty { records.starts.reserveCapacity(max(16, lastStarts)) }
         records.starts.append((fresh, d.configurationBox))
-        place(.passUnretained(fresh), replacing: nil, in: memo)
+        placeFresh(.passUnretained(fresh), in: memo)
+    }
+
+    /// Puts a new entry (in no order yet) at the next position of `memo`'s
+    /// order. While the order is not being rebuilt, it takes the place of
+    /// the entry there, which is remembered as displaced (churn rewrites
+    /// nothing else).
+    @inline(never)
+    private func placeFresh(_ entry: Unmanaged<ActiveSource>, in memo: GroupMemo) {
+        let i = memo.placed
+        if !memo.building && i < memo.order.count {
+            memo.placed = i + 1
+            displaced.append((memo, memo.order[i]))
+            memo.order[i] = entry
+            if memo.cursor == i { memo.cursor = i + 1 }
+            changes += 1
+            entry._withUnsafeGuaranteedRef { $0.position = UInt32(truncatingIfNeeded: i) }
+            return
+        }
+        place(entry, replacing: nil, in: memo)
     }
 
     /// The slow path of a found entry: duplicate, taken from another group,
@@ -384,6 +415,7 @@ final class ReconcileEngine {
 
     private func startBuilding(_ memo: GroupMemo, upTo count: Int) {
         memo.building = true
+        memo.divergence = count
         changes += 1
         memo.newOrder = ContiguousArray(memo.order[0..<count])
         memo.newOrder.reserveCapacity(max(memo.order.count, count + 1))
@@ -463,12 +495,15 @@ final class ReconcileEngine {
     private func finish(_ memo: GroupMemo) {
         if !memo.building && memo.placed != memo.order.count { startBuilding(memo, upTo: memo.placed) }
         if memo.building {
-            scans.append((memo, memo.order))
+            // Before the divergence the old and new orders hold the same
+            // claimed entries at the same positions: neither is read again.
+            let from = memo.divergence
+            scans.append((memo, memo.order, from))
             memo.order = memo.newOrder
             memo.newOrder = []
             memo.building = false
             memo.order.withUnsafeBufferPointer { order in
-                for i in order.indices { order[i]._withUnsafeGuaranteedRef { $0.position = UInt32(truncatingIfNeeded: i) } }
+                for i in from..<order.count { order[i]._withUnsafeGuaranteedRef { $0.position = UInt32(truncatingIfNeeded: i) } }
             }
         }
         swap(&memo.childOrder, &memo.newChildOrder)
@@ -491,7 +526,7 @@ final class ReconcileEngine {
     }
 
     private func vanish(_ memo: GroupMemo) {
-        scans.append((memo, memo.order))
+        scans.append((memo, memo.order, 0))
         vanished.append(memo)
         for child in memo.children.values { vanish(child) }
     }
@@ -517,11 +552,19 @@ final class ReconcileEngine {
     }
 
     private func collectStops() {
-        guard !scans.isEmpty else { return }
+        guard !scans.isEmpty || !displaced.isEmpty else { return }
         var stops: [ActiveSource] = []
-        for (memo, order) in scans {
-            for u in order {
-                let e = u.takeUnretainedValue()
+        var bound = displaced.count
+        for scan in scans { bound += scan.order.count - scan.from }
+        stops.reserveCapacity(bound)
+        for (memo, u) in displaced {
+            let e = u.takeUnretainedValue()
+            if e.memo === memo && e.epoch != epoch { stops.append(e) }
+        }
+        displaced.removeAll(keepingCapacity: true)
+        for (memo, order, from) in scans {
+            for i in from..<order.count {
+                let e = order[i].takeUnretainedValue()
                 if e.memo === memo && e.epoch != epoch { stops.append(e) }
             }
         }

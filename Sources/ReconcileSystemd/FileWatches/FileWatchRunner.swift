@@ -39,8 +39,14 @@ final class FileWatchRunner: RunningSource {
         unowned let runner: FileWatchRunner
         let path: String
         /// Names of the path looked up in this directory: a change of one
-        /// re-resolves the path.
-        var names: Set<String> = []
+        /// re-resolves the path. Almost always one (more only through
+        /// symlinks or `..`): the first is kept without a collection.
+        var name: String?
+        var moreNames: [String] = []
+        func insertName(_ n: String) {
+            if name == nil { name = n } else if name != n && !moreNames.contains(n) { moreNames.append(n) }
+        }
+        func hasName(_ n: String) -> Bool { name == n || moreNames.contains(n) }
         /// The final name, when this directory holds the watched file: its
         /// writes and attribute changes are modifications.
         var content: String?
@@ -48,6 +54,8 @@ final class FileWatchRunner: RunningSource {
         /// modification.
         var entries = false
         var entry: DirectoryWatches.Entry?
+        /// Where this watch is in its entry's `watches`.
+        var slot = 0
         init(_ runner: FileWatchRunner, _ path: String) {
             self.runner = runner
             self.path = path
@@ -80,7 +88,9 @@ final class FileWatchRunner: RunningSource {
     private let follow: Bool
 
     private var watches: [Watch] = []
-    private var flush: EventSource?
+    /// The deferred flush source, owned here (no wrapper object); counted
+    /// in `EventSourceAccounting`, released by `stop()` or deinit.
+    private var flush: OpaquePointer?
     private var retryTimer: EventSource?
     private var retryDelay = FileWatchRunner.firstRetryMicroseconds
     /// What the path named when last resolved.
@@ -120,7 +130,8 @@ final class FileWatchRunner: RunningSource {
             Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue().flushPending()
             return 0
         }, Unmanaged.passUnretained(self).toOpaque()))
-        flush = EventSource(s!)
+        flush = s
+        EventSource.account(s!)
         // Run after this iteration's inotify events have been handed out.
         sd_event_source_set_priority(s, Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
         sd_event_source_set_enabled(s, Int32(SD_EVENT_OFF))
@@ -144,6 +155,7 @@ final class FileWatchRunner: RunningSource {
     /// looked up in it, and replaces the current watches with the new ones.
     private func resolveAndWatch() -> Result<Target, SourceFailure> {
         var fresh: [Watch] = []
+        fresh.reserveCapacity(components.count + 1)
         let result = resolve(into: &fresh)
         // The new watches are in place before the old ones go: a directory
         // in both keeps its shared source and inotify watch descriptor
@@ -165,19 +177,29 @@ final class FileWatchRunner: RunningSource {
         guard dir >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
         defer { close(dir) }
         var dirPath = "/"
-        var byPath: [String: Watch] = [:]
 
-        /// The watch on directory `fd` (at `p`), added once per resolution.
+        /// The watch on directory `fd` (at `p`), added once per resolution
+        /// (a path has a handful of directories: a linear search).
         func watch(_ fd: Int32, _ p: String) -> Result<Watch, SourceFailure> {
-            if let w = byPath[p] { return .success(w) }
+            if let w = fresh.first(where: { $0.path == p }) { return .success(w) }
             let result = addWatch(fd, p)
-            if case .success(let w) = result {
-                byPath[p] = w
-                fresh.append(w)
-            }
+            if case .success(let w) = result { fresh.append(w) }
             return result
         }
-        var rest = Array(components.reversed())
+        // The components still to resolve: `components[next...]`, then the
+        // pushed ones (a symlink's target), last first.
+        var next = 0
+        var pushed: [String] = []
+        func pop() -> String? {
+            if let name = pushed.popLast() { return name }
+            guard next < components.count else { return nil }
+            next += 1
+            return components[next - 1]
+        }
+        /// Only `.` components remain.
+        func restIsDots() -> Bool {
+            pushed.allSatisfy { $0 == "." } && components[next...].allSatisfy { $0 == "." }
+        }
         var links = 0
 
         func enter(_ fd: Int32, _ p: String) {
@@ -186,7 +208,7 @@ final class FileWatchRunner: RunningSource {
             dirPath = p
         }
 
-        while let name = rest.popLast() {
+        while let name = pop() {
             if name == "." { continue }
             if name == ".." {
                 let up = openat(dir, "..", O_PATH | O_DIRECTORY | O_CLOEXEC)
@@ -200,8 +222,10 @@ final class FileWatchRunner: RunningSource {
             case .success(let w): here = w
             case .failure(let f): return .failure(f)
             }
-            here.names.insert(name)
-            let entryPath = Self.join(dirPath, name)
+            here.insertName(name)
+            // The entry's path, for messages and nested directories only
+            // (a string per component otherwise).
+            var entryPath: String { Self.join(dirPath, name) }
             let fd = openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)
             if fd < 0 {
                 let e = errno
@@ -216,7 +240,7 @@ final class FileWatchRunner: RunningSource {
                 return .failure(SystemdError("stat \(entryPath)", errno: e).failure)
             }
             let type = st.st_mode & S_IFMT
-            let last = rest.allSatisfy { $0 == "." }
+            let last = restIsDots()
             if type == S_IFLNK && (!last || follow) {
                 links += 1
                 let link = links <= Self.maximumLinks ? Self.readLink(fd) : nil
@@ -224,7 +248,10 @@ final class FileWatchRunner: RunningSource {
                 // A loop or an unreadable link names nothing; the watches so
                 // far see it change.
                 guard let link else { return .success(.missing) }
-                rest.append(contentsOf: link.split(separator: "/").map(String.init).reversed())
+                // Pushed on top of the components not resolved yet.
+                pushed.append(contentsOf: components[next...].reversed())
+                next = components.count
+                pushed.append(contentsOf: link.split(separator: "/").map(String.init).reversed())
                 if link.hasPrefix("/") {
                     let root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
                     guard root >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
@@ -306,7 +333,7 @@ final class FileWatchRunner: RunningSource {
         // Entries of a watched directory that are not the path's are
         // filtered here, without waking the flush.
         guard let name else { return }
-        if mask & Self.nameChangeMask != 0, watch.names.contains(name) {
+        if mask & Self.nameChangeMask != 0, watch.hasName(name) {
             touched = true
             scheduleRearm()
         }
@@ -395,7 +422,7 @@ final class FileWatchRunner: RunningSource {
     }
 
     private func scheduleFlush() {
-        if let h = flush?.handle { sd_event_source_set_enabled(h, Int32(SD_EVENT_ONESHOT)) }
+        if let h = flush { sd_event_source_set_enabled(h, Int32(SD_EVENT_ONESHOT)) }
     }
 
     private func flushPending() {
@@ -418,10 +445,17 @@ final class FileWatchRunner: RunningSource {
         watches = []
     }
 
+    deinit {
+        if let h = flush { sd_event_source_disable_unref(h) }
+    }
+
     func stop() {
         closeWatches()
         retryTimer?.close(); retryTimer = nil
-        flush?.close(); flush = nil
+        if let h = flush {
+            flush = nil
+            sd_event_source_disable_unref(h)
+        }
         pending = []
     }
 }
@@ -439,13 +473,25 @@ final class DirectoryWatches {
         unowned let table: DirectoryWatches
         let key: Key
         var source: EventSource?
-        var watches: [ObjectIdentifier: FileWatchRunner.Watch] = [:]
+        /// The watches on this directory, each knowing its slot (O(1) add
+        /// and remove, no hashing).
+        var watches: [FileWatchRunner.Watch] = []
         init(_ table: DirectoryWatches, _ key: Key) {
             self.table = table
             self.key = key
         }
+        func add(_ watch: FileWatchRunner.Watch) {
+            watch.slot = watches.count
+            watches.append(watch)
+        }
         func remove(_ watch: FileWatchRunner.Watch) {
-            watches.removeValue(forKey: ObjectIdentifier(watch))
+            let i = watch.slot
+            guard i < watches.count, watches[i] === watch else { return }
+            let last = watches.removeLast()
+            if i < watches.count {
+                watches[i] = last
+                last.slot = i
+            }
             if watches.isEmpty { table.drop(self) }
         }
     }
@@ -463,7 +509,7 @@ final class DirectoryWatches {
         guard fstat(fd, &st) == 0 else { return .failure(SystemdError("stat \(path)", errno: errno).failure) }
         let key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
         if let e = entries[key] {
-            e.watches[ObjectIdentifier(watch)] = watch
+            e.add(watch)
             return .success(e)
         }
         let e = Entry(self, key)
@@ -475,7 +521,7 @@ final class DirectoryWatches {
         }, Unmanaged.passUnretained(e).toOpaque())
         guard r >= 0 else { return .failure(SystemdError("inotify_add_watch \(path)", errno: -r).failure) }
         e.source = EventSource(s!)
-        e.watches[ObjectIdentifier(watch)] = watch
+        e.add(watch)
         entries[key] = e
         return .success(e)
     }
@@ -488,8 +534,9 @@ final class DirectoryWatches {
             // The kernel dropped the watch: a later add must make a new one.
             if entries[e.key] === e { entries.removeValue(forKey: e.key) }
         }
-        // A handler may close watches (its own or, through a stop, others').
-        for w in Array(e.watches.values) where w.isOpen {
+        // A handler may close watches (its own or, through a stop, others'):
+        // the loop runs over a copy of the list as it was.
+        for w in e.watches where w.isOpen {
             w.runner.handle(w, mask, name)
         }
     }
