@@ -66,8 +66,8 @@ fuzz: $(FUZZ_BIN)
 	@mkdir -p .build/fuzz-corpus
 	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=4096 .build/fuzz-corpus Fuzz/netlink/corpus
 
-# The API reference (DocC) of Reconcile, ReconcileTesting and
-# ReconcileSystemd as a static site in .build/docs/site.
+# The API reference (DocC) of Reconcile, ReconcileTesting, ReconcileSystemd
+# and ReconcileTranscript as a static site in .build/docs/site.
 docs: deps
 	SWIFT=$(SWIFT) ./scripts/docs.sh
 
