@@ -31,6 +31,7 @@ public protocol Driver: AnyObject {
 }
 
 extension Driver {
+    /// Zero: a driver without a clock stamps records at time zero.
     public var loopTime: Duration { .zero }
 }
 

@@ -24,9 +24,13 @@ public struct LoopClock: Clock {
         /// The instant `offset` after the epoch.
         public init(offset: Duration) { self.offset = offset }
 
+        /// The instant `duration` later.
         public func advanced(by duration: Duration) -> Instant { Instant(offset: offset + duration) }
+        /// The time from this instant to `other` (negative when `other` is earlier).
         public func duration(to other: Instant) -> Duration { other.offset - offset }
+        /// Whether `a` comes before `b`.
         public static func < (a: Instant, b: Instant) -> Bool { a.offset < b.offset }
+        /// `@` and the offset (`@30.0 seconds`).
         public var description: String { "@\(offset)" }
     }
 
@@ -36,9 +40,16 @@ public struct LoopClock: Clock {
     /// A clock on `source`.
     public init(_ source: any LoopClockSource) { self.source = source }
 
+    /// The source's time now.
     public var now: Instant { Instant(offset: source.now) }
+    /// One microsecond, the resolution of sd-event timers.
     public var minimumResolution: Duration { .microseconds(1) }
 
+    /// Suspends until `deadline` on this clock.
+    /// - Parameters:
+    ///   - deadline: The instant to wake at.
+    ///   - tolerance: Ignored; sd-event coalesces timers itself.
+    /// - Throws: `CancellationError` when the task is cancelled first.
     public func sleep(until deadline: Instant, tolerance: Duration? = nil) async throws {
         try Task.checkCancellation()
         try await source.sleep(until: deadline.offset)

@@ -76,6 +76,7 @@ public struct Plan: Equatable, CustomStringConvertible {
     /// True when the reconcile asked the driver for nothing.
     public var isEmpty: Bool { explicitSteps?.isEmpty ?? records.isEmpty }
 
+    /// Whether `a` and `b` have the same steps in order, kept count and duplicates.
     public static func == (a: Plan, b: Plan) -> Bool {
         a.kept == b.kept && a.duplicates == b.duplicates && a.steps == b.steps
     }

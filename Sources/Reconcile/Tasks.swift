@@ -21,10 +21,13 @@ public struct TaskID: Hashable, @unchecked Sendable, CustomStringConvertible {
     /// The key as given.
     public var key: AnyHashable { box.hashable }
 
+    /// Whether `a` and `b` have equal keys of the same type.
     public static func == (a: TaskID, b: TaskID) -> Bool {
         a.cachedHash == b.cachedHash && (a.box === b.box || a.box.isEqual(b.box))
     }
+    /// Hashes the key (computed once, at init).
     public func hash(into hasher: inout Hasher) { hasher.combine(cachedHash) }
+    /// The key as text (`search-3`).
     public var description: String { "\(key.base)" }
 }
 
@@ -116,6 +119,9 @@ public final class ExecutorTaskRunner: TaskRunner {
     /// A runner on `executor`.
     public init(executor: (any TaskExecutor)?) { self.executor = executor }
 
+    /// Starts `job` as a `Task` on the runner's executor (`.offload`: the global one).
+    /// - Parameter job: The task to run.
+    /// - Returns: A closure that cancels the `Task`.
     public func start(_ job: TaskJob) -> () -> Void {
         let preferred: (any TaskExecutor)? = job.placement == .offload ? globalConcurrentExecutor : executor
         let task = Task(executorPreference: preferred) { await job.run() }
@@ -132,8 +138,10 @@ public struct TaskShutdownCounts: Equatable, Sendable, CustomStringConvertible {
     /// Still running at the deadline; their results are never delivered.
     public var abandoned = 0
 
+    /// All counts zero.
     public init() {}
 
+    /// `2 cancelled, 1 finished, 0 abandoned`, as the shutdown log line shows it.
     public var description: String { "\(cancelled) cancelled, \(finished) finished, \(abandoned) abandoned" }
 }
 
@@ -148,6 +156,7 @@ public struct TaskStats: Equatable, Sendable {
     /// Runs not started: `.keepPrevious` with one in flight, or after shutdown began.
     public var refused = 0
 
+    /// All counters zero.
     public init() {}
 }
 
@@ -316,8 +325,10 @@ extension TaskRegistry where Message: Sendable {
     /// Starts `operation` as the task `id`; its result becomes a message.
     ///
     /// - Parameters:
+    ///   - id: the task's identity: any hashable, sendable key.
     ///   - policy: what to do when `id` is in flight (default: cancel it).
     ///   - placement: the loop's executor (default) or the global one.
+    ///   - operation: the work; what it returns is delivered to `update`.
     /// - Returns: whether the task was started (not with `.keepPrevious` and
     ///   one in flight, not after shutdown began).
     @discardableResult
@@ -334,6 +345,14 @@ extension TaskRegistry where Message: Sendable {
     /// Starts a throwing `operation` as the task `id`: its result, or the
     /// message `failure` makes of what it threw (a `CancellationError`
     /// included), becomes a message. Nothing thrown escapes.
+    ///
+    /// - Parameters:
+    ///   - id: the task's identity: any hashable, sendable key.
+    ///   - policy: what to do when `id` is in flight (default: cancel it).
+    ///   - placement: the loop's executor (default) or the global one.
+    ///   - operation: the work; what it returns is delivered to `update`.
+    ///   - failure: makes the message for what `operation` threw.
+    /// - Returns: whether the task was started.
     @discardableResult
     public func run(
         id: some Hashable & Sendable, policy: InFlightPolicy = .cancelPrevious, placement: TaskPlacement = .loop,

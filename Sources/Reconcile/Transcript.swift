@@ -32,14 +32,18 @@ public enum TranscriptRecord<Message, Command> {
 public struct TranscriptMessage<Message, Command> {
     /// The message's number in the run (0 first), as `RuntimeStats.messages` counts.
     public var index: Int
+    /// The message as `update` received it.
     public var message: Message
+    /// Where it came from (see `MessageOrigin`).
     public var origin: MessageOrigin
     /// The loop's time when it was processed.
     public var time: Duration
     /// The reconcile pass it preceded (see `TranscriptRecord`).
     public var round: Int
+    /// The commands `update` returned for it.
     public var commands: [Command]
 
+    /// A record with every field given.
     public init(index: Int, message: Message, origin: MessageOrigin, time: Duration, round: Int, commands: [Command]) {
         self.index = index
         self.message = message

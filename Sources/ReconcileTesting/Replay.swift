@@ -12,10 +12,12 @@ public struct ReplayDivergence: Equatable, CustomStringConvertible, Sendable {
     public var message: String
     /// What differed: `commands`, `plan (round N)`, `start commands`.
     public var what: String
-    /// The recorded side and the replayed side.
+    /// The recorded side.
     public var expected: String
+    /// The replayed side.
     public var got: String
 
+    /// One sentence: where, what, expected and got.
     public var description: String {
         let at = index < 0 ? "at start" : "at message \(index) \(message)"
         return "replay diverged \(at): \(what): expected \(expected), got \(got)"
@@ -45,11 +47,13 @@ public struct ReplayOutcome<P: Program> {
 public enum Replay {
     /// Replays `transcript` into `program`.
     /// - Parameters:
+    ///   - program: the program to feed (the recorded one, or a changed one).
+    ///   - transcript: the recorded run.
     ///   - programName: the type name the transcript must name (default:
     ///     `P`'s; give the original's to replay into a changed program).
     ///   - prepare: called with the runtime and driver before the start
     ///     (install `didCommit` to see every model).
-    ///   - step: called before each batch with the virtual time it runs at.
+    /// - Returns: the runtime and driver after the replay, and the first divergence.
     /// - Throws: `TranscriptError` when the transcript is of another program
     ///   or a message cannot be decoded.
     public static func run<P: Program>(

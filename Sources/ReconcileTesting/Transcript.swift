@@ -4,15 +4,25 @@ import ReconcileTranscript
 
 /// A JSON value, as read from a transcript line (compared structurally).
 public enum JSONValue: Equatable, Decodable, CustomStringConvertible, Sendable {
+    /// `null`.
     case null
+    /// `true` or `false`.
     case bool(Bool)
+    /// An integer that fits `Int64`.
     case int(Int64)
+    /// An integer above `Int64.max`.
     case uint(UInt64)
+    /// Any other number.
     case double(Double)
+    /// A string.
     case string(String)
+    /// An array.
     case array([JSONValue])
+    /// An object (key order is not kept).
     case object([String: JSONValue])
 
+    /// Reads any JSON value.
+    /// - Throws: `DecodingError` when the input is not JSON.
     public init(from decoder: any Decoder) throws {
         if var a = try? decoder.unkeyedContainer() {
             var items: [JSONValue] = []
@@ -41,7 +51,9 @@ public enum JSONValue: Equatable, Decodable, CustomStringConvertible, Sendable {
         return nil
     }
 
+    /// The string, if this is one.
     public var string: String? { if case .string(let s) = self { return s }; return nil }
+    /// The integer, if this is one that fits `Int64`.
     public var int: Int64? {
         switch self {
         case .int(let i): return i
@@ -112,6 +124,7 @@ public enum TranscriptError: Error, Equatable, CustomStringConvertible {
     /// Message `index` cannot be fed back (no payload, or it does not decode).
     case notReplayable(index: Int, reason: String)
 
+    /// One sentence for an error message (`transcript line 3 is not a valid record: …`).
     public var description: String {
         switch self {
         case .unreadable(let p, let r): "cannot read transcript \(p): \(r)"
@@ -152,8 +165,9 @@ public struct Transcript {
         guard case .array(let a)? = header["arguments"] else { return nil }
         return a.compactMap(\.string)
     }
-    /// The wall-clock start, µs since the epoch, and as RFC 3339 text.
+    /// The wall-clock start, µs since the epoch.
     public let startedAtMicros: Int64
+    /// The wall-clock start as RFC 3339 text.
     public let startedAt: String
     /// The records after the header, in order.
     public let lines: [Line]

@@ -8,14 +8,19 @@ public final class VirtualExecutor: SerialExecutor, TaskExecutor {
     private let jobs = Mutex<[UnownedJobBox]>([])
     private let ran = Atomic<Int>(0)
 
+    /// An executor with no jobs queued.
     public init() {}
 
+    /// Queues `job` until the test lets jobs run (any thread).
+    /// - Parameter job: The job to queue.
     public func enqueue(_ job: consuming ExecutorJob) {
         let box = UnownedJobBox(UnownedJob(job))
         jobs.withLock { $0.append(box) }
     }
 
+    /// This executor as an actor's `unownedExecutor`.
     public func asUnownedSerialExecutor() -> UnownedSerialExecutor { UnownedSerialExecutor(ordinary: self) }
+    /// This executor as a task's executor preference.
     public func asUnownedTaskExecutor() -> UnownedTaskExecutor { UnownedTaskExecutor(ordinary: self) }
 
     /// Jobs run so far.
@@ -69,13 +74,18 @@ public final class VirtualClockSource: LoopClockSource {
 
     private let state = Mutex(State())
 
+    /// A clock at zero with no sleeps.
     public init() {}
 
+    /// The virtual time now (moved by `advance(by:)`).
     public var now: Duration { state.withLock { $0.now } }
 
     /// How many sleeps wait.
     public var sleepers: Int { state.withLock { $0.sleeps.count } }
 
+    /// Suspends until the virtual time reaches `deadline`.
+    /// - Parameter deadline: The offset from the clock's zero to wake at.
+    /// - Throws: `CancellationError` when the task is cancelled first.
     public func sleep(until deadline: Duration) async throws {
         let sleep: Sleep? = state.withLock { s in
             if deadline <= s.now { return nil }
@@ -136,9 +146,12 @@ public final class VirtualClockSource: LoopClockSource {
 public final class VirtualTasks: TaskRunner {
     /// One call the registry made.
     public enum Call: Hashable, CustomStringConvertible {
+        /// `run(id:)` started a task with this identity.
         case run(TaskID)
+        /// The task with this identity was cancelled.
         case cancel(TaskID)
 
+        /// `run search-3` or `cancel search-3`.
         public var description: String {
             switch self {
             case .run(let id): "run \(id)"
@@ -164,6 +177,9 @@ public final class VirtualTasks: TaskRunner {
 
     init(executor: VirtualExecutor) { self.executor = executor }
 
+    /// Records `job` (and runs it when `runsTasks` is set).
+    /// - Parameter job: The task the registry started.
+    /// - Returns: A closure that records the cancel and cancels a running operation.
     public func start(_ job: TaskJob) -> () -> Void {
         log.append(.run(job.id))
         entries[job.serial] = Entry(job: job)
@@ -213,6 +229,7 @@ public final class VirtualTasks: TaskRunner {
 }
 
 extension VirtualDriver: TaskDriver {
+    /// The recording runner (`tasks`).
     public var taskRunner: any TaskRunner { tasks }
 
     /// The virtual clock: sleeps end when `advance(by:)` passes them.

@@ -5,12 +5,15 @@ public struct JSONOutput {
     /// The bytes written so far.
     public var bytes: [UInt8] = []
 
+    /// An empty buffer with room for `capacity` bytes.
     public init(capacity: Int = 0) { bytes.reserveCapacity(capacity) }
 
+    /// `s` as is (JSON punctuation, literals, keys already escaped).
     @inlinable public mutating func raw(_ s: StaticString) {
         s.withUTF8Buffer { bytes.append(contentsOf: $0) }
     }
 
+    /// One byte as is.
     @inlinable public mutating func byte(_ b: UInt8) { bytes.append(b) }
 
     /// A signed integer in decimal.

@@ -17,9 +17,14 @@ public final class StreamingJSONEncoder {
     /// Whether each open container has an element yet.
     @exclusivity(unchecked) var hasElement: [Bool] = []
 
+    /// An encoder whose output starts with room for `capacity` bytes.
     public init(capacity: Int = 0) { out = JSONOutput(capacity: capacity) }
 
     /// Writes `value` at the current position.
+    /// - Parameter value: The value to write.
+    /// - Throws: `EncodingError.invalidValue` for a non-finite number or a
+    ///   write to a closed container, or what `value.encode(to:)` throws;
+    ///   the caller rolls `out` back.
     public func encode<T: Encodable>(_ value: T) throws {
         let level = closers.count
         let before = out.bytes.count

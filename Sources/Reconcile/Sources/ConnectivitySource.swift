@@ -59,7 +59,8 @@ public enum ConnectivitySource: Source {
         /// Changes in place, without a restart.
         public var granularity: Granularity
 
-        /// A watch on `backend` over the interfaces `include`/`exclude` admit, reporting after `settle`.
+        /// A watch on `backend` over the interfaces `include`/`exclude` admit, reporting after `settle`
+        /// the changes `granularity` distinguishes.
         public init(backend: Backend = .auto, include: [String] = [], exclude: [String] = [],
                     settle: Duration? = nil, receiveBuffer: Int? = nil, granularity: Granularity = .full) {
             self.backend = backend

@@ -48,7 +48,7 @@ public enum FileWatchSource: Source {
     }
 
     /// What a file watch reports. Changes seen within one loop dispatch are
-    /// coalesced: at most one of each kind, and no `.modified` next to an
+    /// coalesced: no event twice in a row, and no `.modified` next to an
     /// event that already says "read it again".
     public enum Event: Equatable, Sendable {
         /// The path exists as the watch is armed: the first event of a watch

@@ -9,13 +9,16 @@
 /// The sequence's factory is not compared: a stream subscription is kept as
 /// long as its key is wanted. Put into the key what should restart it.
 public enum StreamSource<Element: Sendable>: Source, TaskBackedSource {
+    /// `stream`, as subscription IDs and logs show the kind.
     public static var name: String { "stream" }
 
     /// The iteration, type-erased. Always equal: identity decides.
     public struct Configuration: Hashable, Sendable {
         let iterate: @Sendable (_ emit: @escaping (Element) -> Bool) async throws -> Void
 
+        /// Always true: the factory is not compared.
         public static func == (a: Configuration, b: Configuration) -> Bool { true }
+        /// Hashes nothing (all configurations are equal).
         public func hash(into hasher: inout Hasher) {}
     }
 
@@ -29,8 +32,14 @@ public enum StreamSource<Element: Sendable>: Source, TaskBackedSource {
         case failed(SourceFailure)
     }
 
+    /// `.failed(failure)`.
     public static func failed(_ failure: SourceFailure) -> Event { .failed(failure) }
 
+    /// Iterates the ticket's sequence in a task on `executor`.
+    /// - Parameters:
+    ///   - ticket: The activation the elements are emitted through.
+    ///   - executor: The loop's executor (nil: the global concurrent one).
+    /// - Returns: A closure that cancels the task (loop thread).
     public static func startTask(_ ticket: SourceTicket, executor: (any TaskExecutor)?) -> () -> Void {
         guard let configuration = ticket.configuration(as: Self.self) else { return {} }
         let box = LoopBound(ticket)

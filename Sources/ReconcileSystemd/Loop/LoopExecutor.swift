@@ -61,6 +61,9 @@ public final class LoopExecutor: SerialExecutor, TaskExecutor {
     /// went away); the tasks they belonged to never resume.
     public var droppedJobs: Int { queue.dropped.load(ordering: .relaxed) }
 
+    /// Queues `job` to run on the loop's thread, after the work queued before it
+    /// (any thread). Wakes the loop.
+    /// - Parameter job: The job to run.
     public func enqueue(_ job: consuming ExecutorJob) {
         queue.push(role == .serial ? .serialJob(UnownedJob(job)) : .taskJob(UnownedJob(job)))
     }
@@ -70,10 +73,12 @@ public final class LoopExecutor: SerialExecutor, TaskExecutor {
         queue.push(.call(body))
     }
 
+    /// This executor as an actor's `unownedExecutor`.
     public func asUnownedSerialExecutor() -> UnownedSerialExecutor {
         UnownedSerialExecutor(ordinary: self)
     }
 
+    /// This executor as a task's executor preference.
     public func asUnownedTaskExecutor() -> UnownedTaskExecutor {
         UnownedTaskExecutor(ordinary: self)
     }
@@ -84,6 +89,7 @@ public final class LoopExecutor: SerialExecutor, TaskExecutor {
         precondition(isOnLoopThread, "not on the sd-event loop's thread")
     }
 
+    /// Whether the caller runs on the loop's thread.
     public func isIsolatingCurrentContext() -> Bool? { isOnLoopThread }
 
     /// Runs what was queued when the dispatch began (loop thread; serial role).
