@@ -182,7 +182,11 @@ public enum Replay {
             failed = later
             if !started {
                 // Round 0: the messages queued before and during the start.
-                for item in items { try? runtime.send(item.message) }
+                for item in items {
+                    do { try runtime.send(item.message) } catch {
+                        throw .badLine(line: line.number, reason: "the runtime refused a start message: \(error)")
+                    }
+                }
                 do { try runtime.start() } catch { throw .badLine(line: line.number, reason: "the runtime does not start: \(error)") }
                 started = true
             } else {

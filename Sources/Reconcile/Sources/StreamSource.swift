@@ -23,7 +23,7 @@ public enum StreamSource<Element: Sendable>: Source, TaskBackedSource {
     }
 
     /// What the stream reports.
-    public enum Event {
+    public enum Event: Sendable {
         /// The sequence produced an element.
         case element(Element)
         /// The sequence ended.
