@@ -33,6 +33,12 @@ final class LogSink: Sendable {
         recorder.attach(to: runtime)
         try runtime.start()
         for i in 0..<200 { try runtime.send(.text("message number \(i)")) }
+        // The writer thread encodes (Echo's messages are Sendable): it meets
+        // the limit once the records are handed over.
+        #expect(recorder.encodesOffLoop)
+        recorder.flush()
+        let deadline = ContinuousClock.now + .seconds(10)
+        while recorder.isRecording && ContinuousClock.now < deadline { usleep(1_000) }
         #expect(!recorder.isRecording)
         #expect(runtime.model == 200)
         recorder.finish()
