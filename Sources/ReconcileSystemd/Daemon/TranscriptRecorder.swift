@@ -47,17 +47,24 @@ public final class TranscriptRecorder<P: Program> {
     /// What a record not yet encoded counts for the backlog limit.
     public static var estimatedRecordBytes: Int { 128 }
 
-    private var recording = true
+    /// Records not yet handed over (off-loop mode): `fast.count` of them
+    /// at `pending`, room for `batchSize`; `fast.open` is `recording`.
+    /// Manually allocated so the specialised message path pays no
+    /// exclusivity checks or array growth.
+    @usableFromInline let pending: UnsafeMutablePointer<TranscriptRecord<P.Message, P.Command>>
+    @usableFromInline let fast: UnsafeMutablePointer<(count: Int, open: Bool)>
+    private var recording: Bool {
+        get { fast.pointee.open }
+        set { fast.pointee.open = newValue }
+    }
     private var loopBytes = 0
     private var offLoop: Bool { encodesOffLoop }
-    /// Records waiting for the writer (off-loop mode), and loop-encoded
-    /// lines to slot in before the record at each position.
-    private var batch: [TranscriptRecord<P.Message, P.Command>] = []
+    /// Loop-encoded lines (off-loop mode) to slot in before the pending
+    /// record at each position.
     private var inserts: [(at: Int, bytes: [UInt8], time: Duration)] = []
-    private var spareBatch: [TranscriptRecord<P.Message, P.Command>] = []
     /// The header line, handed over with the first batch (off-loop mode).
     private var header: [UInt8]?
-    let batchSize = 1024
+    @usableFromInline let batchSize = 1024
 
     let encoder: TranscriptEncoder<P.Message, P.Command>
     let logger: Logger
@@ -77,6 +84,9 @@ public final class TranscriptRecorder<P: Program> {
 
     init(path: String, sizeLimit: Int, backlogLimit: Int, arguments: [String]?, logger: Logger, writer: BatchEncoding?) {
         encodesOffLoop = writer != nil
+        pending = .allocate(capacity: 1024)
+        fast = .allocate(capacity: 1)
+        fast.initialize(to: (count: 0, open: true))
         self.path = path
         self.sizeLimit = sizeLimit
         self.backlogLimit = backlogLimit
@@ -93,9 +103,30 @@ public final class TranscriptRecorder<P: Program> {
         }
     }
 
-    /// Sets `runtime.transcript` to this recorder.
-    public func attach(to runtime: Runtime<P>) {
+    /// Sets `runtime.transcript` (and, when the writer thread encodes,
+    /// `runtime.transcriptMessage`) to this recorder.
+    @inlinable public func attach(to runtime: Runtime<P>) {
         runtime.transcript = { [unowned self] in record($0) }
+        if encodesOffLoop {
+            runtime.transcriptMessage = { [unowned self] in recordMessage($0, $1, $2, $3, $4, $5) }
+        }
+    }
+
+    /// Takes one message record (loop thread; off-loop mode): appends it to
+    /// the pending batch. Inlinable, so it is specialised for `P`.
+    @inlinable public func recordMessage(_ index: Int, _ message: P.Message, _ origin: MessageOrigin, _ time: Duration,
+                                         _ round: Int, _ commands: [P.Command]) {
+        let f = fast
+        guard f.pointee.open else { return }
+        if case .task = origin {
+            record(.message(TranscriptMessage(index: index, message: message, origin: origin, time: time, round: round, commands: commands)))
+            return
+        }
+        let n = f.pointee.count
+        (pending + n).initialize(to: .message(TranscriptMessage(index: index, message: message, origin: origin, time: time,
+                                                                round: round, commands: commands)))
+        f.pointee.count = n &+ 1
+        if n &+ 1 == batchSize { handOffBatch() }
     }
 
     /// Takes one record (loop thread).
@@ -105,11 +136,14 @@ public final class TranscriptRecorder<P: Program> {
             switch record {
             case .message(let m):
                 if case .task = m.origin { break }
-                batch.append(record)
-                if batch.count >= batchSize { handOffBatch() }
+                (pending + fast.pointee.count).initialize(to: record)
+                fast.pointee.count += 1
+                if fast.pointee.count == batchSize { handOffBatch() }
                 return
             case .start:
-                batch.append(record)
+                (pending + fast.pointee.count).initialize(to: record)
+                fast.pointee.count += 1
+                if fast.pointee.count == batchSize { handOffBatch() }
                 return
             default: break
             }
@@ -120,7 +154,7 @@ public final class TranscriptRecorder<P: Program> {
             case .start(let t, _), .plan(_, let t, _), .diagnostic(_, let t): time = t
             }
             encoder.append(record)
-            inserts.append((at: batch.count, bytes: encoder.swapOutput([]), time: time))
+            inserts.append((at: fast.pointee.count, bytes: encoder.swapOutput([]), time: time))
             return
         }
         guard isRecording else { return }
@@ -144,7 +178,7 @@ public final class TranscriptRecorder<P: Program> {
     /// Hands pending records to the writer thread (the loop went idle).
     public func flush() {
         if offLoop {
-            guard isRecording, !batch.isEmpty || !inserts.isEmpty else { return }
+            guard isRecording, fast.pointee.count > 0 || !inserts.isEmpty else { return }
             handOffBatch()
             return
         }
@@ -181,20 +215,26 @@ public final class TranscriptRecorder<P: Program> {
         }
     }
 
-    deinit { finish() }
+    deinit {
+        finish()
+        pending.deinitialize(count: fast.pointee.count)
+        pending.deallocate()
+        fast.deallocate()
+    }
 
     /// Hands the pending records (and an `end` record with `end`) to the writer.
-    private func handOffBatch(end: String? = nil) {
+    @usableFromInline func handOffBatch(end: String? = nil) {
         if let header {
             self.header = nil
             inserts.insert((at: 0, bytes: header, time: .zero), at: 0)
         }
-        let box = RecordBatch(records: batch, inserts: inserts, end: end)
-        var fresh = spareBatch
-        fresh.removeAll(keepingCapacity: true)
-        if fresh.capacity < batchSize { fresh.reserveCapacity(batchSize) }
-        batch = fresh
-        spareBatch = []
+        let n = fast.pointee.count
+        let records = [TranscriptRecord<P.Message, P.Command>](unsafeUninitializedCapacity: n) { buffer, count in
+            if n > 0 { buffer.baseAddress!.moveInitialize(from: pending, count: n) }
+            count = n
+        }
+        fast.pointee.count = 0
+        let box = RecordBatch(records: records, inserts: inserts, end: end)
         inserts = []
         let estimate = box.records.count * Self.estimatedRecordBytes + box.inserts.reduce(0) { $0 + $1.bytes.count }
         switch shared.push(.batch(box), bytes: estimate, backlogLimit: backlogLimit) {
