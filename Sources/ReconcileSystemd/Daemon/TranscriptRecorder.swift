@@ -108,7 +108,9 @@ public final class TranscriptRecorder<P: Program> {
     @inlinable public func attach(to runtime: Runtime<P>) {
         runtime.transcript = { [unowned self] in record($0) }
         if encodesOffLoop {
-            runtime.transcriptMessage = { [unowned self] in recordMessage($0, $1, $2, $3, $4, $5) }
+            // A strong capture (the recorder holds no runtime: no cycle), so
+            // a call pays no unowned-to-strong retain and release.
+            runtime.transcriptMessage = { self.recordMessage($0, $1, $2, $3, $4, $5) }
         }
     }
 
