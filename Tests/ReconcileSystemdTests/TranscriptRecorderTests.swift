@@ -80,7 +80,7 @@ struct RecordedTimers: Program {
         #expect(body.filter { $0.hasPrefix("{\"type\":\"plan\"") }.count >= 5)
         #expect(body.contains { $0.contains("duplicate_identity") })
         let got = Array(body), want = Array(expected)
-        let firstDifference = zip(got, want).firstIndex { $0 != $1 }
+        let firstDifference = got.indices.first { $0 < want.count && got[$0] != want[$0] }
         #expect(firstDifference == nil, "line \(firstDifference ?? 0): \(firstDifference.map { "\(got[$0]) vs \(want[$0])" } ?? "")")
     }
 
