@@ -114,6 +114,27 @@ struct RecordedTimers: Program {
         #expect(mode == 0o600)
     }
 
+    /// A daemon of a program with `Sendable` messages and commands gets a
+    /// recorder whose writer thread encodes; made in generic code (where that
+    /// is not known), the loop encodes.
+    @Test func daemonOfSendableTypesEncodesOnTheWriterThread() throws {
+        let dir = try makeTemporaryDirectory()
+        defer { removeTree(dir) }
+        var options = Daemon<Echo>.Options()
+        options.recordPath = dir + "/t.jsonl"
+        let daemon = try Daemon(Echo(), options: options)
+        #expect(daemon.recorder?.encodesOffLoop == true)
+        daemon.recorder?.finish()
+        func generic<Q: Program>(_ program: Q) throws -> Bool? {
+            var options = Daemon<Q>.Options()
+            options.recordPath = dir + "/u.jsonl"
+            let daemon = try Daemon(program, options: options)
+            defer { daemon.recorder?.finish() }
+            return daemon.recorder?.encodesOffLoop
+        }
+        #expect(try generic(Echo()) == false)
+    }
+
     @Test func existingFileIsTruncatedAndMadePrivate() throws {
         let dir = try makeTemporaryDirectory()
         defer { removeTree(dir) }
