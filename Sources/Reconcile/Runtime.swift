@@ -47,6 +47,11 @@ public final class Runtime<P: Program>: DriverHost {
     /// Called with each transcript record (start, message, plan,
     /// diagnostic) on the loop thread; see `TranscriptRecord`.
     public var transcript: ((TranscriptRecord<P.Message, P.Command>) -> Void)?
+    /// When set, called for each message instead of `transcript`, with the
+    /// record's fields as arguments (index, message, origin, loop time,
+    /// round, commands): no record value is built in this generic code, so
+    /// a recorder specialised for the program's types takes it cheaply.
+    public var transcriptMessage: ((Int, P.Message, MessageOrigin, Duration, Int, [P.Command]) -> Void)?
 
     let driver: any Driver
     let perform: (P.Command, Runtime<P>) -> Void
@@ -224,7 +229,9 @@ public final class Runtime<P: Program>: DriverHost {
         }
         let commands = program.update(&model, envelope.message)
         stats.messages += 1
-        if let transcript {
+        if let transcriptMessage {
+            transcriptMessage(stats.messages - 1, envelope.message, envelope.origin, driver.loopTime, rounds, commands)
+        } else if let transcript {
             transcript(.message(TranscriptMessage(index: stats.messages - 1, message: envelope.message, origin: envelope.origin,
                                                   time: driver.loopTime, round: rounds, commands: commands)))
         }

@@ -85,7 +85,17 @@ public final class Daemon<P: Program> {
 
     /// A daemon running `program`; `perform` interprets its commands.
     /// - Throws: `SystemdError` if the loop cannot be created.
-    public init(_ program: P, options: Options = Options(), perform: @escaping (P.Command, Daemon<P>) -> Void = { _, _ in }) throws {
+    public convenience init(_ program: P, options: Options = Options(),
+                            perform: @escaping (P.Command, Daemon<P>) -> Void = { _, _ in }) throws {
+        try self.init(program, options: options, perform: perform) { path, limit, arguments, logger in
+            TranscriptRecorder<P>(path: path, sizeLimit: limit, arguments: arguments, logger: logger)
+        }
+    }
+
+    /// `makeRecorder`: the transcript recorder for `Options.recordPath`
+    /// (one whose writer thread encodes when the types are `Sendable`).
+    init(_ program: P, options: Options, perform: @escaping (P.Command, Daemon<P>) -> Void,
+         makeRecorder: (String, Int, [String]?, Logger) -> TranscriptRecorder<P>) throws {
         self.options = options
         loop = try EventLoop()
         driver = SystemdDriver(loop: loop, logger: options.logger)
@@ -93,8 +103,7 @@ public final class Daemon<P: Program> {
             perform(command, self)
         }
         if let path = options.recordPath {
-            let recorder = TranscriptRecorder<P>(path: path, sizeLimit: options.recordSizeLimit,
-                                                  arguments: options.recordArguments, logger: options.logger)
+            let recorder = makeRecorder(path, options.recordSizeLimit, options.recordArguments, options.logger)
             recorder.attach(to: runtime)
             self.recorder = recorder
         }
@@ -298,4 +307,17 @@ func threadCount() -> Int {
 final class SignalHook {
     let action: (Int32) -> Void
     init(_ action: @escaping (Int32) -> Void) { self.action = action }
+}
+
+extension Daemon where P.Message: Sendable, P.Command: Sendable {
+    /// A daemon running `program` whose transcript recorder (when
+    /// `Options.recordPath` is set) encodes on its writer thread: the
+    /// program's messages and commands are `Sendable` (Docs/Replay.md).
+    /// - Throws: `SystemdError` if the loop cannot be created.
+    public convenience init(_ program: P, options: Options = Options(),
+                            perform: @escaping (P.Command, Daemon<P>) -> Void = { _, _ in }) throws {
+        try self.init(program, options: options, perform: perform) { path, limit, arguments, logger in
+            TranscriptRecorder<P>(path: path, sizeLimit: limit, arguments: arguments, logger: logger)
+        }
+    }
 }
