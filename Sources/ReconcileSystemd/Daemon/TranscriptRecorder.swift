@@ -170,7 +170,12 @@ public final class TranscriptRecorder<P: Program> {
         if loopBytes + added > sizeLimit {
             encoder.output.bytes.removeSubrange(mark...)
             logger.notice("transcript \(path): size limit of \(sizeLimit) bytes reached; recording stopped (the daemon keeps running)")
-            finish(reason: "size_limit")
+            // Hand the end over and let the writer finish on its own: the
+            // loop never waits for the disk (the writer is joined at shutdown).
+            encoder.end(reason: "size_limit", time: lastTime)
+            handOff()
+            recording = false
+            shared.close()
             return
         }
         loopBytes += added
@@ -192,7 +197,8 @@ public final class TranscriptRecorder<P: Program> {
     /// and lets it finish; waits at most `timeout` for the disk.
     public func finish(reason: String = "shutdown", timeout: Duration = .seconds(2)) {
         guard isRecording else {
-            if offLoop { shared.close(); joinWriter(timeout: timeout) }
+            shared.close()
+            joinWriter(timeout: timeout)
             return
         }
         if offLoop {
@@ -210,6 +216,7 @@ public final class TranscriptRecorder<P: Program> {
         if let thread {
             if !shared.waitDone(timeout: timeout) {
                 logger.error("transcript \(path): the disk did not take the last records within \(timeout); some may be missing")
+                pthread_detach(thread)   // it ends by itself once the disk answers
             } else {
                 pthread_join(thread, nil)
             }
@@ -528,15 +535,16 @@ final class Semaphore: @unchecked Sendable {
     }
     func post() { sem_post(sem) }
     func wait() { while sem_wait(sem) != 0 && errno == EINTR {} }
-    /// Waits up to `timeout`; false when it passed.
+    /// Waits up to `timeout` (through the checked conversion; the deadline
+    /// is on the realtime clock, as `sem_timedwait` takes it); false when it
+    /// passed.
     func wait(timeout: Duration) -> Bool {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
-        let (s, a) = timeout.components
-        var nsec = Int(ts.tv_nsec) + Int(a / 1_000_000_000)
-        ts.tv_sec += Int(s) + nsec / 1_000_000_000
-        nsec %= 1_000_000_000
-        ts.tv_nsec = nsec
+        let now = usecAdd(usecMultiply(UInt64(ts.tv_sec), 1_000_000), UInt64(ts.tv_nsec / 1000))
+        let deadline = usecAdd(now, usec(timeout))
+        ts.tv_sec = Int(clamping: deadline / 1_000_000)
+        ts.tv_nsec = Int(deadline % 1_000_000) * 1000
         while true {
             if sem_timedwait(sem, &ts) == 0 { return true }
             if errno != EINTR { return false }
