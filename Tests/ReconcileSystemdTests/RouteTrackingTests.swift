@@ -195,9 +195,13 @@ extension SystemdTests {
             p.inside("ip addr add 10.0.0.1/24 dev veth0")
             p.inside("ip route add default via 10.0.0.2 table 100")
             p.inside("ip route add unreachable default metric 9999")
-            f.drain(wait: .milliseconds(300))
-            #expect(f.latest?.defaultRoute == false && f.latest?.state == "routable")
-            #expect(kernelHasDefaultRoute(namespaceOf: p.child.pid) == false)
+            // A usable default in main, seen, then removed: what is left (the
+            // other table's and the unreachable one) must not count.
+            p.inside("ip route add default via 10.0.0.2 metric 50")
+            expectDefault(true, online: true, f, p, "main default added beside them")
+            p.inside("ip route del default via 10.0.0.2 metric 50")
+            expectDefault(false, online: false, f, p, "only another table's and an unreachable default left")
+            #expect(f.latest?.state == "routable")
         }
     }
 }
