@@ -24,6 +24,17 @@ public struct Plan: Equatable, CustomStringConvertible {
             }
         }
 
+        /// `start`, `retune`, `restart` or `stop`: the outcome as logs
+        /// (`OUTCOME=`) and transcripts (`op`) name it.
+        public var outcome: String {
+            switch self {
+            case .start: "start"
+            case .retune: "retune"
+            case .restart: "restart"
+            case .stop: "stop"
+            }
+        }
+
         /// `start timer:t: every 5s`, `retune …: a -> b`, `stop …`: the form tests compare and logs show.
         public var description: String {
             switch self {

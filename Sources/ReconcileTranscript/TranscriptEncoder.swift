@@ -226,29 +226,21 @@ public final class TranscriptEncoder<Message, Command> {
         o.out.raw(",\"steps\":[")
         for (i, step) in plan.steps.enumerated() {
             if i > 0 { o.out.byte(UInt8(ascii: ",")) }
+            o.out.raw("{\"op\":")
+            o.out.string(step.outcome)
+            o.out.raw(",\"id\":")
+            o.out.string(step.id.description)
             switch step {
-            case .start(let id, let c):
-                o.out.raw("{\"op\":\"start\",\"id\":")
-                o.out.string(id.description)
+            case .start(_, let c):
                 o.out.raw(",\"config\":")
                 o.out.string(String(describing: c.base))
-            case .retune(let id, let a, let b):
-                o.out.raw("{\"op\":\"retune\",\"id\":")
-                o.out.string(id.description)
+            case .retune(_, let a, let b), .restart(_, let a, let b):
                 o.out.raw(",\"from\":")
                 o.out.string(String(describing: a.base))
                 o.out.raw(",\"to\":")
                 o.out.string(String(describing: b.base))
-            case .restart(let id, let a, let b):
-                o.out.raw("{\"op\":\"restart\",\"id\":")
-                o.out.string(id.description)
-                o.out.raw(",\"from\":")
-                o.out.string(String(describing: a.base))
-                o.out.raw(",\"to\":")
-                o.out.string(String(describing: b.base))
-            case .stop(let id):
-                o.out.raw("{\"op\":\"stop\",\"id\":")
-                o.out.string(id.description)
+            case .stop:
+                break
             }
             o.out.byte(UInt8(ascii: "}"))
         }

@@ -195,14 +195,7 @@ extension Logger {
              Dictionary(uniqueKeysWithValues: counts.map { ($0.0.uppercased(), "\($0.1)") }))
         guard isEnabled(.debug) else { return }
         for step in plan.steps {
-            let outcome: String
-            switch step {
-            case .start: outcome = "start"
-            case .retune: outcome = "retune"
-            case .restart: outcome = "restart"
-            case .stop: outcome = "stop"
-            }
-            debug(step.description, ["SUBSCRIPTION": "\(step.id)", "OUTCOME": outcome])
+            debug(step.description, ["SUBSCRIPTION": "\(step.id)", "OUTCOME": step.outcome])
         }
     }
 }
