@@ -246,25 +246,23 @@ public final class TranscriptRecorder<P: Program> {
         let box = RecordBatch(records: records, inserts: inserts, end: end)
         inserts = []
         let estimate = box.records.count * Self.estimatedRecordBytes + box.inserts.reduce(0) { $0 + $1.bytes.count }
-        switch shared.push(.batch(box), bytes: estimate, backlogLimit: backlogLimit) {
-        case .queued:
-            if thread == nil { startThread() }
-        case .stopped:
-            recording = false
-            if thread == nil { startThread() }
-        case .backlog:
-            logger.error("transcript \(path): the disk cannot keep up (over \(backlogLimit) bytes waiting); recording stopped (the daemon keeps running)")
-            recording = false
-            shared.close()
-        }
+        _ = pushed(shared.push(.batch(box), bytes: estimate, backlogLimit: backlogLimit))
     }
 
     private func handOff() {
         let chunk = encoder.swapOutput(spare)
-        switch shared.push(.bytes(chunk), bytes: chunk.count, backlogLimit: backlogLimit) {
-        case .queued(let recycled):
+        if let recycled = pushed(shared.push(.bytes(chunk), bytes: chunk.count, backlogLimit: backlogLimit)) {
             spare = recycled
+        }
+    }
+
+    /// Acts on the writer's answer to a hand-off; returns the buffer it gave
+    /// back for reuse when it took the chunk.
+    private func pushed(_ result: WriterShared.Push) -> [UInt8]? {
+        switch result {
+        case .queued(let recycled):
             if thread == nil { startThread() }
+            return recycled
         case .stopped:
             recording = false
             if thread == nil { startThread() }
@@ -273,6 +271,7 @@ public final class TranscriptRecorder<P: Program> {
             recording = false
             shared.close()
         }
+        return nil
     }
 
     private func startThread() {

@@ -92,7 +92,7 @@ final class FileWatchRunner: RunningSource {
     /// in `EventSourceAccounting`, released by `stop()` or deinit.
     private var flush: OpaquePointer?
     private var retryTimer: EventSource?
-    private var retryDelay = FileWatchRunner.firstRetryMicroseconds
+    private var retry = Backoff(initial: FileWatchRunner.firstRetryMicroseconds, maximum: FileWatchRunner.maximumRetryMicroseconds)
     /// What the path named when last resolved.
     private var target = Target.missing
     /// The failure reported for the current failed episode, if any.
@@ -361,7 +361,7 @@ final class FileWatchRunner: RunningSource {
                 // Armed again after a failure: say what is there now (any
                 // change in between went unseen).
                 failure = nil
-                retryDelay = Self.firstRetryMicroseconds
+                retry.reset()
                 if now != .missing {
                     record(.exists)
                 } else if before != .missing {
@@ -385,17 +385,16 @@ final class FileWatchRunner: RunningSource {
     private func fail(_ f: SourceFailure) {
         if failure != f { failureToReport = f }
         failure = f
-        let delay = retryDelay
-        retryDelay = min(retryDelay * 2, Self.maximumRetryMicroseconds)
+        let delay = retry.take()
         var now: UInt64 = 0
         sd_event_now(loop.handle, CLOCK_MONOTONIC, &now)
         if let t = retryTimer?.handle {
-            sd_event_source_set_time(t, now &+ delay)
+            sd_event_source_set_time(t, usecAdd(now, delay))
             sd_event_source_set_enabled(t, Int32(SD_EVENT_ONESHOT))
             return
         }
         var s: OpaquePointer?
-        let r = sd_event_add_time(loop.handle, &s, CLOCK_MONOTONIC, now &+ delay, 1000, { _, _, ud in
+        let r = sd_event_add_time(loop.handle, &s, CLOCK_MONOTONIC, usecAdd(now, delay), 1000, { _, _, ud in
             Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue().scheduleRearm()
             return 0
         }, Unmanaged.passUnretained(self).toOpaque())
