@@ -5,7 +5,7 @@ import Testing
 
 /// The kernel's IPv4 addresses on `device` in `probe`'s namespace (`ip -j`), as `a.b.c.d/len`.
 func kernelAddresses(_ probe: NetnsProbe, _ device: String) -> [String]? {
-    guard let text = output("nsenter -t \(probe.child.pid) -n ip -j -4 addr show dev \(device)"),
+    guard let text = output(nsenter(probe.child.pid, "-n", "ip -j -4 addr show dev \(device)")),
           let links = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [[String: Any]] else { return nil }
     return links.flatMap { ($0["addr_info"] as? [[String: Any]]) ?? [] }.compactMap { a in
         guard let local = a["local"] as? String, let len = a["prefixlen"] as? Int else { return nil }

@@ -31,7 +31,7 @@ final class NetnsProbe {
     /// `ip ...` (or any command) inside the probe's namespace.
     @discardableResult
     func inside(_ command: String, sourceLocation: SourceLocation = #_sourceLocation) -> Bool {
-        sh("nsenter -t \(child.pid) -n \(command)", sourceLocation: sourceLocation)
+        sh(nsenter(child.pid, "-n", command), sourceLocation: sourceLocation)
     }
     /// The next state or failure line (log lines skipped).
     func next(timeout: Duration = .seconds(10)) -> String? {
@@ -173,12 +173,12 @@ extension SystemdTests {
             let child = try Child("/usr/bin/unshare", ["-n", "-m", "--propagation", "private", sandbox,
                                                        builtExecutable("reconcile-probe"), "connectivity", "--backend", "networkd"])
             defer {
-                sh("nsenter -t \(child.pid) -n -m \(sandbox) --cleanup")
+                sh(nsenter(child.pid, "-n -m", "\(sandbox) --cleanup"))
                 child.signal(SIGTERM)
                 _ = child.wait()
             }
             func inside(_ command: String, sourceLocation: SourceLocation = #_sourceLocation) {
-                sh("nsenter -t \(child.pid) -n -m \(command)", sourceLocation: sourceLocation)
+                sh(nsenter(child.pid, "-n -m", command), sourceLocation: sourceLocation)
             }
             func next(_ match: (String) -> Bool) -> String? {
                 child.line(matching: { !$0.hasPrefix("log:") && $0 != "running" && match($0) }, timeout: .seconds(20))
@@ -217,7 +217,7 @@ extension SystemdTests {
                 "exec \"$0\" sh -c '\"$0\" --start-networkd && \"$0\" --wait-networkd && exec \"$1\" connectivity --backend auto' \"$0\" \"$1\"",
                 sandbox, builtExecutable("reconcile-probe")])
             defer { child.signal(SIGTERM); _ = child.wait() }
-            defer { sh("nsenter -t \(child.pid) -n -m \(sandbox) --cleanup") }
+            defer { sh(nsenter(child.pid, "-n -m", "\(sandbox) --cleanup")) }
             #expect(child.line(matching: { $0.contains("auto chose") }, timeout: .seconds(20))?.contains("networkd") == true)
             #expect(child.line(matching: { $0.hasPrefix("state=") }, timeout: .seconds(20))?.contains("backend=networkd") == true)
         }

@@ -316,7 +316,7 @@ extension SystemdTests {
             #expect(child.line() == "running")
             #expect(child.line() == "failed \(ENOSPC) No space left on device")
             // The limit of that namespace only; the machine's stays as it is.
-            sh("nsenter -t \(child.pid) -U sh -c 'echo 100 > /proc/sys/user/max_inotify_watches'")
+            sh(nsenter(child.pid, "-U", "sh -c 'echo 100 > /proc/sys/user/max_inotify_watches'"))
             #expect(child.line(timeout: .seconds(15)) == "file exists")
             try writeFile(watched + "/10-x.conf", "x")
             #expect(child.line() == "file modified")
@@ -356,7 +356,7 @@ extension SystemdTests {
             // ... then fixed: the watch comes back and the file is read.
             chmod(confDir, 0o755)
             #expect(child.errorLine(matching: { $0.contains("applied") }, timeout: .seconds(15)) != nil)
-            sh("nsenter -t \(child.pid) -n ip link add veth0 type veth peer name veth1")
+            sh(nsenter(child.pid, "-n", "ip link add veth0 type veth peer name veth1"))
             let line = child.line(matching: { $0.contains("veth") })
             #expect(line?.contains("\"veth1\"") == true && line?.contains("\"veth0\"") == false)
         }

@@ -15,7 +15,7 @@ extension SystemdTests {
         @Test func jsonGivesExactlyOneLinePerScriptedChange() throws {
             let child = try Child("/usr/bin/unshare", ["-n", indicator, "--format", "json", "--backend", "kernel", "--include", "veth0"])
             defer { child.signal(SIGTERM); _ = child.wait() }
-            func inside(_ c: String) { sh("nsenter -t \(child.pid) -n \(c)") }
+            func inside(_ c: String) { sh(nsenter(child.pid, "-n", c)) }
             #expect(decode(child.line()) == Line(state: "off", online: false))
             inside("ip link add veth0 type veth peer name veth1")
             inside("ip link set veth0 addrgenmode none")
@@ -67,7 +67,7 @@ extension SystemdTests {
             try writeFile(config, "backend = kernel\ninclude = veth0\nsettle = soon\n")
             #expect(child.errorLine(matching: { $0.contains("line 3") })?.contains("bad settle 'soon'") == true)
             // Still the old configuration: veth0 is reported, veth1 is not.
-            sh("nsenter -t \(child.pid) -n ip link add veth0 type veth peer name veth1")
+            sh(nsenter(child.pid, "-n", "ip link add veth0 type veth peer name veth1"))
             let line = child.line(matching: { $0.contains("veth") })
             #expect(line?.contains("\"veth0\"") == true && line?.contains("veth1") == false)
         }

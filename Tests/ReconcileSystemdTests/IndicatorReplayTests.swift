@@ -17,7 +17,7 @@ extension SystemdTests {
         func recordSession(to file: String, steps: Int = 7) throws -> ([String], Child) {
             let child = try Child("/usr/bin/unshare", ["-n", indicator, "--format", "json", "--backend", "kernel",
                                                        "--include", "veth0", "--record", file])
-            func inside(_ c: String) { sh("nsenter -t \(child.pid) -n \(c)") }
+            func inside(_ c: String) { sh(nsenter(child.pid, "-n", c)) }
             var lines: [String] = []
             func next(_ expect: String) {
                 let line = child.line()

@@ -21,16 +21,16 @@ final class NetworkdBeside {
 
     @discardableResult
     func inside(_ command: String, sourceLocation: SourceLocation = #_sourceLocation) -> Bool {
-        sh("nsenter -t \(child.pid) -n -m \(command)", sourceLocation: sourceLocation)
+        sh(nsenter(child.pid, "-n -m", command), sourceLocation: sourceLocation)
     }
 
     /// networkd's per-link OperationalState (loopback left out) and its
     /// manager's, from `networkctl list --json=short` and the bus.
     func networkd() -> (links: [String: String], overall: String)? {
-        guard let text = capture("nsenter -t \(child.pid) -n -m \(links)"),
+        guard let text = capture(nsenter(child.pid, "-n -m", links)),
               let json = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any],
               let list = json["Interfaces"] as? [[String: Any]],
-              let reply = capture("nsenter -t \(child.pid) -n -m \(sandbox) --busctl get-property org.freedesktop.network1 /org/freedesktop/network1 org.freedesktop.network1.Manager OperationalState")
+              let reply = capture(nsenter(child.pid, "-n -m", "\(sandbox) --busctl get-property org.freedesktop.network1 /org/freedesktop/network1 org.freedesktop.network1.Manager OperationalState"))
         else { return nil }
         var links: [String: String] = [:]
         for l in list where l["Type"] as? String != "loopback" {
@@ -66,7 +66,7 @@ final class NetworkdBeside {
     }
 
     deinit {
-        sh("nsenter -t \(child.pid) -n -m \(sandbox) --cleanup")
+        sh(nsenter(child.pid, "-n -m", "\(sandbox) --cleanup"))
         child.signal(SIGTERM)
         _ = child.wait()
     }

@@ -30,7 +30,7 @@ final class NetworkdSandbox {
     /// A command in the sandbox's namespaces; records an issue if it fails.
     @discardableResult
     func inside(_ command: String, sourceLocation: SourceLocation = #_sourceLocation) -> Bool {
-        sh("nsenter -t \(child.pid) -n -m \(command)", sourceLocation: sourceLocation)
+        sh(nsenter(child.pid, "-n -m", command), sourceLocation: sourceLocation)
     }
 
     /// The sandbox script's command `arguments` (`--kill-bus`, ...).
@@ -46,8 +46,8 @@ final class NetworkdSandbox {
 
     /// networkd's own OperationalState and OnlineState, asked on the private bus.
     func networkdSays() -> (state: String, online: Bool)? {
-        guard let text = output("nsenter -t \(child.pid) -n -m \(sandbox) --busctl get-property org.freedesktop.network1 "
-                                + "/org/freedesktop/network1 org.freedesktop.network1.Manager OperationalState OnlineState") else { return nil }
+        guard let text = output(nsenter(child.pid, "-n -m", "\(sandbox) --busctl get-property org.freedesktop.network1 "
+                                + "/org/freedesktop/network1 org.freedesktop.network1.Manager OperationalState OnlineState")) else { return nil }
         let values = text.split(separator: "\n").map { $0.split(separator: "\"").dropFirst().first.map(String.init) ?? "" }
         guard values.count == 2 else { return nil }
         return (values[0], values[1] == "online" || (values[1].isEmpty && values[0] == "routable"))
@@ -80,7 +80,7 @@ final class NetworkdSandbox {
     func cleanup() {
         guard !cleanedUp else { return }
         cleanedUp = true
-        sh("nsenter -t \(child.pid) -n -m \(sandbox) --cleanup")
+        sh(nsenter(child.pid, "-n -m", "\(sandbox) --cleanup"))
     }
 
     deinit {

@@ -71,7 +71,7 @@ final class ProbeFollower {
 func kernelHasDefaultRoute(namespaceOf pid: Int32) -> Bool? {
     var found = false
     for family in ["-4", "-6"] {
-        guard let text = capture("nsenter -t \(pid) -n ip -j \(family) route show table all"),
+        guard let text = capture(nsenter(pid, "-n", "ip -j \(family) route show table all")),
               let routes = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [[String: Any]] else { return nil }
         found = found || routes.contains { r in
             let table = r["table"] as? String ?? "main"
