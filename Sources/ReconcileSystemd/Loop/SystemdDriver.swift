@@ -21,6 +21,10 @@ public final class SystemdDriver: Driver {
     /// Each kind's `SystemdSource` conformance, looked up once per kind.
     private var kinds: [ObjectIdentifier: (any SystemdSource.Type)?] = [:]
     private var lastKind: (id: ObjectIdentifier, type: (any SystemdSource.Type)?)?
+    /// Stopped timer runners, armed again by later timer starts (one
+    /// allocation and one free less per timer); at most `spareTimerLimit`.
+    private var spareTimers: [TimerRunner] = []
+    static let spareTimerLimit = 16_384
     private weak var host: (any DriverHost)?
     private var wakeSource: EventSource?
     private var wakeChannel: WakeChannel?
@@ -65,7 +69,12 @@ public final class SystemdDriver: Driver {
 
     /// Starts the ticket's source on the loop; a kind that is not a `SystemdSource`, or a start that throws, becomes a failure event.
     public func start(_ ticket: SourceTicket) {
-        guard let kind = systemdKind(ticket.source) else {
+        let source = ticket.source
+        if ObjectIdentifier(source) == ObjectIdentifier(TimerSource.self) {
+            startTimer(ticket)
+            return
+        }
+        guard let kind = systemdKind(source) else {
             if let kind = ticket.source as? any TaskBackedSource.Type {
                 // A task on the loop's executor (StreamSource).
                 ticket.driverState = TaskSourceRunner(stop: kind.startTask(ticket, executor: loop.taskExecutor))
@@ -86,16 +95,56 @@ public final class SystemdDriver: Driver {
 
     /// Applies the ticket's new configuration in place; an error becomes a failure event.
     public func retune(_ ticket: SourceTicket, from old: AnyHashable) {
-        guard let source = ticket.driverState as? any RunningSource else { return }
+        guard let state = ticket.driverState else { return }
+        if let timer = Self.timerRunner(state) {
+            guard let configuration = ticket.configuration(as: TimerSource.self) else { return }
+            do { try timer.retune(to: configuration) } catch { ticket.fail(error.failure) }
+            return
+        }
+        guard let source = state as? any RunningSource else { return }
         do { try source.retune(to: ticket.configuration) } catch { ticket.fail(Self.failure(error, ticket)) }
     }
 
     /// Stops the source; it emits nothing afterwards.
     public func stop(_ ticket: SourceTicket) {
-        guard let source = ticket.driverState as? any RunningSource else { return }
+        guard let state = ticket.driverState else { return }
+        if let timer = Self.timerRunner(state) {
+            ticket.driverState = nil
+            running -= 1
+            timer.stop()
+            if spareTimers.count < Self.spareTimerLimit { spareTimers.append(timer) }
+            return
+        }
+        guard let source = state as? any RunningSource else { return }
         ticket.driverState = nil
         running -= 1
         source.stop()
+    }
+
+    /// A timer: its configuration read through the box's typed accessor, a
+    /// stopped runner reused when there is one (no `SourceContext`, no
+    /// existential on the way).
+    private func startTimer(_ ticket: SourceTicket) {
+        guard let configuration = ticket.configuration(as: TimerSource.self) else {
+            ticket.fail(SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(TimerSource.Configuration.self)"))
+            return
+        }
+        let runner = spareTimers.popLast() ?? TimerRunner(loop: loop)
+        do {
+            try runner.start(ticket, configuration)
+        } catch {
+            ticket.fail(error.failure)
+            return
+        }
+        ticket.driverState = runner
+        running += 1
+    }
+
+    /// `state` as a `TimerRunner`, by one compare of its class (no
+    /// conformance lookup).
+    @inline(__always)
+    private static func timerRunner(_ state: AnyObject) -> TimerRunner? {
+        ObjectIdentifier(type(of: state)) == ObjectIdentifier(TimerRunner.self) ? unsafeDowncast(state, to: TimerRunner.self) : nil
     }
 
     /// The `SystemdSource` conformance of `type`, cached per kind.
