@@ -37,28 +37,27 @@ final class FileWatchRunner: RunningSource {
     /// loop's shared `DirectoryWatches` entry for that directory.
     final class Watch {
         unowned let runner: FileWatchRunner
-        let path: String
         /// Names of the path looked up in this directory: a change of one
         /// re-resolves the path. Almost always one (more only through
         /// symlinks or `..`): the first is kept without a collection.
-        var name: String?
-        var moreNames: [String] = []
-        func insertName(_ n: String) {
+        /// Slices of the watched path (or of a symlink's target).
+        var name: Substring?
+        var moreNames: [Substring] = []
+        func insertName(_ n: Substring) {
             if name == nil { name = n } else if name != n && !moreNames.contains(n) { moreNames.append(n) }
         }
-        func hasName(_ n: String) -> Bool { name == n || moreNames.contains(n) }
+        func hasName(_ n: String) -> Bool { name.map { $0 == n } ?? false || moreNames.contains { $0 == n } }
         /// The final name, when this directory holds the watched file: its
         /// writes and attribute changes are modifications.
-        var content: String?
+        var content: Substring?
         /// This directory is the watched path: its entries changing is a
         /// modification.
         var entries = false
         var entry: DirectoryWatches.Entry?
         /// Where this watch is in its entry's `watches`.
         var slot = 0
-        init(_ runner: FileWatchRunner, _ path: String) {
+        init(_ runner: FileWatchRunner) {
             self.runner = runner
-            self.path = path
         }
         var isOpen: Bool { entry != nil }
         func close() {
@@ -84,7 +83,9 @@ final class FileWatchRunner: RunningSource {
     private let loop: EventLoop
     private let directories: DirectoryWatches
     private let path: String
-    private let components: [String]
+    /// The path's components: slices of `path`, split once at start on its
+    /// bytes (no string per component).
+    private let components: [Substring]
     private let follow: Bool
 
     private var watches: [Watch] = []
@@ -123,7 +124,7 @@ final class FileWatchRunner: RunningSource {
             throw SourceFailure(operation: "watch \(c.path)", code: EINVAL, reason: "the path must be absolute")
         }
         path = c.path
-        components = c.path.split(separator: "/").map(String.init)
+        components = Self.components(of: c.path)
         follow = c.symlinks == .follow
         var s: OpaquePointer?
         try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in
@@ -176,25 +177,38 @@ final class FileWatchRunner: RunningSource {
         var dir = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
         guard dir >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
         defer { close(dir) }
-        var dirPath = "/"
+        // The directory's path, for messages and `..`: while the resolution
+        // follows the path as written, a prefix of `path` (no new string).
+        let root = Substring(path.utf8[..<path.utf8.index(after: path.utf8.startIndex)])
+        var dirPath = root
+        var dirIsPrefix = true
 
         /// The watch on directory `fd` (at `p`), added once per resolution
-        /// (a path has a handful of directories: a linear search).
-        func watch(_ fd: Int32, _ p: String) -> Result<Watch, SourceFailure> {
-            if let w = fresh.first(where: { $0.path == p }) { return .success(w) }
-            let result = addWatch(fd, p)
-            if case .success(let w) = result { fresh.append(w) }
-            return result
+        /// per directory inode (a path has a handful of directories: a
+        /// linear search).
+        func watch(_ fd: Int32, _ p: Substring) -> Result<Watch, SourceFailure> {
+            switch directories.entry(fd, path: p) {
+            case .failure(let f):
+                return .failure(f)
+            case .success(let entry):
+                if let w = fresh.first(where: { $0.entry === entry }) { return .success(w) }
+                let w = Watch(self)
+                entry.add(w)
+                w.entry = entry
+                fresh.append(w)
+                return .success(w)
+            }
         }
         // The components still to resolve: `components[next...]`, then the
         // pushed ones (a symlink's target), last first.
         var next = 0
-        var pushed: [String] = []
-        func pop() -> String? {
-            if let name = pushed.popLast() { return name }
+        var pushed: [Substring] = []
+        /// The next name, and whether it is the path's own (`components`).
+        func pop() -> (name: Substring, own: Bool)? {
+            if let name = pushed.popLast() { return (name, false) }
             guard next < components.count else { return nil }
             next += 1
-            return components[next - 1]
+            return (components[next - 1], true)
         }
         /// Only `.` components remain.
         func restIsDots() -> Bool {
@@ -202,18 +216,19 @@ final class FileWatchRunner: RunningSource {
         }
         var links = 0
 
-        func enter(_ fd: Int32, _ p: String) {
+        func enter(_ fd: Int32, _ p: Substring, prefix: Bool) {
             close(dir)
             dir = fd
             dirPath = p
+            dirIsPrefix = prefix
         }
 
-        while let name = pop() {
+        while let (name, own) = pop() {
             if name == "." { continue }
             if name == ".." {
                 let up = openat(dir, "..", O_PATH | O_DIRECTORY | O_CLOEXEC)
                 guard up >= 0 else { return .failure(SystemdError("open \(dirPath)/..", errno: errno).failure) }
-                enter(up, Self.parent(of: dirPath))
+                enter(up, Substring(Self.parent(of: dirPath)), prefix: false)
                 continue
             }
             // Watch the directory before the name is looked up in it.
@@ -223,10 +238,14 @@ final class FileWatchRunner: RunningSource {
             case .failure(let f): return .failure(f)
             }
             here.insertName(name)
-            // The entry's path, for messages and nested directories only
-            // (a string per component otherwise).
-            var entryPath: String { Self.join(dirPath, name) }
-            let fd = openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)
+            // The entry's path is the path's prefix up to `name` when `name`
+            // is the path's own and follows `dirPath` after one slash (no
+            // new string); otherwise it is joined, for messages and nested
+            // directories only.
+            let entryIsPrefix = dirIsPrefix && own
+                && name.startIndex == (dirPath.endIndex == root.endIndex ? root.endIndex : path.utf8.index(after: dirPath.endIndex))
+            var entryPath: Substring { entryIsPrefix ? Substring(path.utf8[..<name.endIndex]) : Substring(Self.join(dirPath, name)) }
+            let fd = name.withCString { openat(dir, $0, O_PATH | O_NOFOLLOW | O_CLOEXEC) }
             if fd < 0 {
                 let e = errno
                 // Not there (yet): the watch on `dir` sees it appear.
@@ -251,11 +270,11 @@ final class FileWatchRunner: RunningSource {
                 // Pushed on top of the components not resolved yet.
                 pushed.append(contentsOf: components[next...].reversed())
                 next = components.count
-                pushed.append(contentsOf: link.split(separator: "/").map(String.init).reversed())
+                pushed.append(contentsOf: Self.components(of: link).reversed())
                 if link.hasPrefix("/") {
-                    let root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
-                    guard root >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
-                    enter(root, "/")
+                    let top = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
+                    guard top >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
+                    enter(top, "/", prefix: false)
                 }
                 continue
             }
@@ -276,7 +295,7 @@ final class FileWatchRunner: RunningSource {
                 close(fd)
                 return .success(.missing)
             }
-            enter(fd, entryPath)
+            enter(fd, entryPath, prefix: entryIsPrefix)
         }
         // The path is `/`, or ends in `..`: the final object is `dir`.
         var st = stat()
@@ -288,15 +307,22 @@ final class FileWatchRunner: RunningSource {
         return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
     }
 
-    private func addWatch(_ fd: Int32, _ path: String) -> Result<Watch, SourceFailure> {
-        let watch = Watch(self, path)
-        switch directories.add(watch, fd: fd, path: path) {
-        case .success(let entry):
-            watch.entry = entry
-            return .success(watch)
-        case .failure(let f):
-            return .failure(f)
+    /// `path`'s components: the slices between its `/` bytes, empty ones
+    /// left out (as the kernel reads a path).
+    static func components(of path: String) -> [Substring] {
+        var result: [Substring] = []
+        let utf8 = path.utf8
+        var start = utf8.startIndex
+        var i = start
+        while i != utf8.endIndex {
+            if utf8[i] == UInt8(ascii: "/") {
+                if start != i { result.append(Substring(utf8[start..<i])) }
+                start = utf8.index(after: i)
+            }
+            i = utf8.index(after: i)
         }
+        if start != i { result.append(Substring(utf8[start..<i])) }
+        return result
     }
 
     private static func readLink(_ fd: Int32) -> String? {
@@ -306,9 +332,9 @@ final class FileWatchRunner: RunningSource {
         return String(decoding: buffer[..<n], as: UTF8.self)
     }
 
-    private static func join(_ dir: String, _ name: String) -> String { dir == "/" ? "/" + name : dir + "/" + name }
+    private static func join(_ dir: Substring, _ name: Substring) -> String { dir == "/" ? "/" + name : dir + "/" + name }
 
-    private static func parent(of p: String) -> String {
+    private static func parent(of p: Substring) -> String {
         guard let slash = p.lastIndex(of: "/"), slash != p.startIndex else { return "/" }
         return String(p[..<slash])
     }
@@ -337,7 +363,7 @@ final class FileWatchRunner: RunningSource {
             touched = true
             scheduleRearm()
         }
-        if watch.entries || (mask & Self.contentMask != 0 && name == watch.content) {
+        if watch.entries || (mask & Self.contentMask != 0 && watch.content.map { $0 == name } ?? false) {
             record(.modified)
             scheduleFlush()
         }
@@ -503,14 +529,13 @@ final class DirectoryWatches {
     /// How many directories are watched (tests).
     var count: Int { entries.count }
 
-    func add(_ watch: FileWatchRunner.Watch, fd: Int32, path: String) -> Result<Entry, SourceFailure> {
+    /// The entry of directory `fd` (at `path`), made (its inotify source
+    /// added) if it has none yet; the caller adds its watch to it at once.
+    func entry(_ fd: Int32, path: Substring) -> Result<Entry, SourceFailure> {
         var st = stat()
         guard fstat(fd, &st) == 0 else { return .failure(SystemdError("stat \(path)", errno: errno).failure) }
         let key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
-        if let e = entries[key] {
-            e.add(watch)
-            return .success(e)
-        }
+        if let e = entries[key] { return .success(e) }
         let e = Entry(self, key)
         var s: OpaquePointer?
         let r = sd_event_add_inotify_fd(loop.handle, &s, fd, FileWatchRunner.mask, { _, event, ud in
@@ -520,7 +545,6 @@ final class DirectoryWatches {
         }, Unmanaged.passUnretained(e).toOpaque())
         guard r >= 0 else { return .failure(SystemdError("inotify_add_watch \(path)", errno: -r).failure) }
         e.source = EventSource(s!)
-        e.add(watch)
         entries[key] = e
         return .success(e)
     }
