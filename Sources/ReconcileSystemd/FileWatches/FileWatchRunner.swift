@@ -310,8 +310,9 @@ final class FileWatchRunner: RunningSource {
     /// `path`'s components: the slices between its `/` bytes, empty ones
     /// left out (as the kernel reads a path).
     static func components(of path: String) -> [Substring] {
-        var result: [Substring] = []
         let utf8 = path.utf8
+        var result: [Substring] = []
+        result.reserveCapacity(utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } + 1)
         var start = utf8.startIndex
         var i = start
         while i != utf8.endIndex {
@@ -499,25 +500,38 @@ final class DirectoryWatches {
         let key: Key
         var source: EventSource?
         /// The watches on this directory, each knowing its slot (O(1) add
-        /// and remove, no hashing).
-        var watches: [FileWatchRunner.Watch] = []
+        /// and remove, no hashing). A removed watch leaves its slot empty
+        /// for the next add (removal touches no other watch); the list goes
+        /// with the last watch.
+        var watches: [FileWatchRunner.Watch?] = []
+        private var freeSlots: [Int] = []
+        private var live = 0
         init(_ table: DirectoryWatches, _ key: Key) {
             self.table = table
             self.key = key
         }
         func add(_ watch: FileWatchRunner.Watch) {
-            watch.slot = watches.count
-            watches.append(watch)
+            live += 1
+            if let i = freeSlots.popLast() {
+                watch.slot = i
+                watches[i] = watch
+            } else {
+                watch.slot = watches.count
+                watches.append(watch)
+            }
         }
         func remove(_ watch: FileWatchRunner.Watch) {
             let i = watch.slot
             guard i < watches.count, watches[i] === watch else { return }
-            let last = watches.removeLast()
-            if i < watches.count {
-                watches[i] = last
-                last.slot = i
+            watches[i] = nil
+            live -= 1
+            if live == 0 {
+                watches = []
+                freeSlots = []
+                table.drop(self)
+            } else {
+                freeSlots.append(i)
             }
-            if watches.isEmpty { table.drop(self) }
         }
     }
 
@@ -559,7 +573,7 @@ final class DirectoryWatches {
         }
         // A handler may close watches (its own or, through a stop, others'):
         // the loop runs over a copy of the list as it was.
-        for w in e.watches where w.isOpen {
+        for case let w? in e.watches where w.isOpen {
             w.runner.handle(w, mask, name)
         }
     }

@@ -69,10 +69,15 @@ public final class SystemdDriver: Driver {
 
     /// Starts the ticket's source on the loop; a kind that is not a `SystemdSource`, or a start that throws, becomes a failure event.
     public func start(_ ticket: SourceTicket) {
+        // The built-in kinds directly (their configuration read by one
+        // class compare, no existential on the way); others through their
+        // `SystemdSource` conformance.
         let source = ticket.source
-        if ObjectIdentifier(source) == ObjectIdentifier(TimerSource.self) {
-            startTimer(ticket)
-            return
+        switch ObjectIdentifier(source) {
+        case ObjectIdentifier(TimerSource.self): startTimer(ticket); return
+        case ObjectIdentifier(FileWatchSource.self): start(ticket, FileWatchSource.self); return
+        case ObjectIdentifier(SignalSource.self): start(ticket, SignalSource.self); return
+        default: break
         }
         guard let kind = systemdKind(source) else {
             if let kind = ticket.source as? any TaskBackedSource.Type {
@@ -101,7 +106,7 @@ public final class SystemdDriver: Driver {
             do { try timer.retune(to: configuration) } catch { ticket.fail(error.failure) }
             return
         }
-        guard let source = state as? any RunningSource else { return }
+        guard let source = Self.runningSource(state) else { return }
         do { try source.retune(to: ticket.configuration) } catch { ticket.fail(Self.failure(error, ticket)) }
     }
 
@@ -115,7 +120,7 @@ public final class SystemdDriver: Driver {
             if spareTimers.count < Self.spareTimerLimit { spareTimers.append(timer) }
             return
         }
-        guard let source = state as? any RunningSource else { return }
+        guard let source = Self.runningSource(state) else { return }
         ticket.driverState = nil
         running -= 1
         source.stop()
@@ -138,6 +143,31 @@ public final class SystemdDriver: Driver {
         }
         ticket.driverState = runner
         running += 1
+    }
+
+    /// A built-in kind other than timers, specialised for `S`.
+    @inline(__always)
+    private func start<S: SystemdSource>(_ ticket: SourceTicket, _: S.Type) {
+        guard let configuration = ticket.configuration(as: S.self) else {
+            ticket.fail(SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(S.Configuration.self)"))
+            return
+        }
+        do {
+            ticket.driverState = try S.start(ticket, configuration, context: SourceContext(loop: loop, logger: logger, driver: self))
+            running += 1
+        } catch {
+            ticket.fail(Self.failure(error, ticket))
+        }
+    }
+
+    /// `state` as a running source: the built-in runners by one compare of
+    /// their class, others through their conformance.
+    private static func runningSource(_ state: AnyObject) -> (any RunningSource)? {
+        switch ObjectIdentifier(type(of: state)) {
+        case ObjectIdentifier(FileWatchRunner.self): unsafeDowncast(state, to: FileWatchRunner.self)
+        case ObjectIdentifier(SignalRunner.self): unsafeDowncast(state, to: SignalRunner.self)
+        default: state as? any RunningSource
+        }
     }
 
     /// `state` as a `TimerRunner`, by one compare of its class (no
