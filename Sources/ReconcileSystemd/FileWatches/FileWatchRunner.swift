@@ -186,18 +186,16 @@ final class FileWatchRunner: RunningSource {
         /// The watch on directory `fd` (at `p`), added once per resolution
         /// per directory inode (a path has a handful of directories: a
         /// linear search).
-        func watch(_ fd: Int32, _ p: Substring) -> Result<Watch, SourceFailure> {
-            switch directories.entry(fd, path: p) {
-            case .failure(let f):
-                return .failure(f)
-            case .success(let entry):
-                if let w = fresh.first(where: { $0.entry === entry }) { return .success(w) }
-                let w = Watch(self)
-                entry.add(w)
-                w.entry = entry
-                fresh.append(w)
-                return .success(w)
-            }
+        /// On failure, nil and `failure` says why.
+        var failure: SourceFailure?
+        func watch(_ fd: Int32, _ p: Substring) -> Watch? {
+            guard let entry = directories.entry(fd, path: p, failure: &failure) else { return nil }
+            if let w = fresh.first(where: { $0.entry === entry }) { return w }
+            let w = Watch(self)
+            entry.add(w)
+            w.entry = entry
+            fresh.append(w)
+            return w
         }
         // The components still to resolve: `components[next...]`, then the
         // pushed ones (a symlink's target), last first.
@@ -212,7 +210,7 @@ final class FileWatchRunner: RunningSource {
         }
         /// Only `.` components remain.
         func restIsDots() -> Bool {
-            pushed.allSatisfy { $0 == "." } && components[next...].allSatisfy { $0 == "." }
+            pushed.allSatisfy(Self.isDot) && components[next...].allSatisfy(Self.isDot)
         }
         var links = 0
 
@@ -224,19 +222,15 @@ final class FileWatchRunner: RunningSource {
         }
 
         while let (name, own) = pop() {
-            if name == "." { continue }
-            if name == ".." {
+            if Self.isDot(name) { continue }
+            if Self.isDotDot(name) {
                 let up = openat(dir, "..", O_PATH | O_DIRECTORY | O_CLOEXEC)
                 guard up >= 0 else { return .failure(SystemdError("open \(dirPath)/..", errno: errno).failure) }
                 enter(up, Substring(Self.parent(of: dirPath)), prefix: false)
                 continue
             }
             // Watch the directory before the name is looked up in it.
-            let here: Watch
-            switch watch(dir, dirPath) {
-            case .success(let w): here = w
-            case .failure(let f): return .failure(f)
-            }
+            guard let here = watch(dir, dirPath) else { return .failure(failure!) }
             here.insertName(name)
             // The entry's path is the path's prefix up to `name` when `name`
             // is the path's own and follows `dirPath` after one slash (no
@@ -245,7 +239,7 @@ final class FileWatchRunner: RunningSource {
             let entryIsPrefix = dirIsPrefix && own
                 && name.startIndex == (dirPath.endIndex == root.endIndex ? root.endIndex : path.utf8.index(after: dirPath.endIndex))
             var entryPath: Substring { entryIsPrefix ? Substring(path.utf8[..<name.endIndex]) : Substring(Self.join(dirPath, name)) }
-            let fd = name.withCString { openat(dir, $0, O_PATH | O_NOFOLLOW | O_CLOEXEC) }
+            let fd = Self.openName(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)
             if fd < 0 {
                 let e = errno
                 // Not there (yet): the watch on `dir` sees it appear.
@@ -283,10 +277,8 @@ final class FileWatchRunner: RunningSource {
                 // Writes to the file are seen on its directory, by name.
                 here.content = name
                 if type == S_IFDIR {
-                    switch watch(fd, entryPath) {
-                    case .success(let w): w.entries = true
-                    case .failure(let f): return .failure(f)
-                    }
+                    guard let w = watch(fd, entryPath) else { return .failure(failure!) }
+                    w.entries = true
                 }
                 return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
             }
@@ -300,11 +292,31 @@ final class FileWatchRunner: RunningSource {
         // The path is `/`, or ends in `..`: the final object is `dir`.
         var st = stat()
         guard fstat(dir, &st) == 0 else { return .failure(SystemdError("stat \(dirPath)", errno: errno).failure) }
-        switch watch(dir, dirPath) {
-        case .success(let w): w.entries = true
-        case .failure(let f): return .failure(f)
-        }
+        guard let w = watch(dir, dirPath) else { return .failure(failure!) }
+        w.entries = true
         return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
+    }
+
+    private static func isDot(_ name: Substring) -> Bool {
+        name.utf8.count == 1 && name.utf8.first == UInt8(ascii: ".")
+    }
+
+    private static func isDotDot(_ name: Substring) -> Bool {
+        name.utf8.count == 2 && name.utf8.first == UInt8(ascii: ".") && name.utf8.last == UInt8(ascii: ".")
+    }
+
+    /// `openat(2)` of `name`, copied to a NUL-terminated buffer on the stack
+    /// (a slice has no terminator of its own; no heap string).
+    private static func openName(_ dir: Int32, _ name: Substring, _ flags: Int32) -> Int32 {
+        let utf8 = name.utf8
+        let count = utf8.count
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: count + 1) { buffer in
+            if utf8.withContiguousStorageIfAvailable({ buffer.baseAddress!.initialize(from: $0.baseAddress!, count: count) }) == nil {
+                _ = buffer.initialize(from: utf8)
+            }
+            buffer[count] = 0
+            return buffer.withMemoryRebound(to: CChar.self) { Glibc.openat(dir, $0.baseAddress!, flags) }
+        }
     }
 
     /// `path`'s components: the slices between its `/` bytes, empty ones
@@ -312,7 +324,12 @@ final class FileWatchRunner: RunningSource {
     static func components(of path: String) -> [Substring] {
         let utf8 = path.utf8
         var result: [Substring] = []
-        result.reserveCapacity(utf8.reduce(0) { $0 + ($1 == UInt8(ascii: "/") ? 1 : 0) } + 1)
+        let slashes = utf8.withContiguousStorageIfAvailable { bytes in
+            var n = 0
+            for b in bytes where b == UInt8(ascii: "/") { n += 1 }
+            return n
+        }
+        result.reserveCapacity((slashes ?? 8) + 1)
         var start = utf8.startIndex
         var i = start
         while i != utf8.endIndex {
@@ -492,7 +509,12 @@ final class FileWatchRunner: RunningSource {
 /// so one source per watch on a shared directory would make starting n
 /// watches cost n². Owned by the driver; the loop thread only.
 final class DirectoryWatches {
-    struct Key: Hashable { let device: UInt64; let inode: UInt64 }
+    struct Key: Hashable {
+        let device: UInt64
+        let inode: UInt64
+        /// One word into the hasher (the inode spread, the device mixed in).
+        func hash(into hasher: inout Hasher) { hasher.combine(inode &* 0x9E37_79B9_7F4A_7C15 ^ device) }
+    }
 
     /// One watched directory and the runners' watches on it.
     final class Entry {
@@ -545,11 +567,15 @@ final class DirectoryWatches {
 
     /// The entry of directory `fd` (at `path`), made (its inotify source
     /// added) if it has none yet; the caller adds its watch to it at once.
-    func entry(_ fd: Int32, path: Substring) -> Result<Entry, SourceFailure> {
+    /// On failure, nil and `failure` says why.
+    func entry(_ fd: Int32, path: Substring, failure: inout SourceFailure?) -> Entry? {
         var st = stat()
-        guard fstat(fd, &st) == 0 else { return .failure(SystemdError("stat \(path)", errno: errno).failure) }
+        guard fstat(fd, &st) == 0 else {
+            failure = SystemdError("stat \(path)", errno: errno).failure
+            return nil
+        }
         let key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
-        if let e = entries[key] { return .success(e) }
+        if let e = entries[key] { return e }
         let e = Entry(self, key)
         var s: OpaquePointer?
         let r = sd_event_add_inotify_fd(loop.handle, &s, fd, FileWatchRunner.mask, { _, event, ud in
@@ -557,10 +583,13 @@ final class DirectoryWatches {
             Unmanaged<Entry>.fromOpaque(ud).takeUnretainedValue().table.dispatch(ud, event)
             return 0
         }, Unmanaged.passUnretained(e).toOpaque())
-        guard r >= 0 else { return .failure(SystemdError("inotify_add_watch \(path)", errno: -r).failure) }
+        guard r >= 0 else {
+            failure = SystemdError("inotify_add_watch \(path)", errno: -r).failure
+            return nil
+        }
         e.source = EventSource(s!)
         entries[key] = e
-        return .success(e)
+        return e
     }
 
     private func dispatch(_ ud: UnsafeMutableRawPointer, _ event: UnsafePointer<inotify_event>) {
