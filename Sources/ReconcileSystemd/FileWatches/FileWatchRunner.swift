@@ -83,9 +83,8 @@ final class FileWatchRunner: RunningSource {
     private let loop: EventLoop
     private let directories: DirectoryWatches
     private let path: String
-    /// The path's components: slices of `path`, split once at start on its
-    /// bytes (no string per component).
-    private let components: [Substring]
+    /// At most this many components (its `/` bytes, plus one).
+    private let componentBound: Int
     private let follow: Bool
 
     private var watches: [Watch] = []
@@ -124,7 +123,7 @@ final class FileWatchRunner: RunningSource {
             throw SourceFailure(operation: "watch \(c.path)", code: EINVAL, reason: "the path must be absolute")
         }
         path = c.path
-        components = Self.components(of: c.path)
+        componentBound = Self.slashes(in: c.path) + 1
         follow = c.symlinks == .follow
         var s: OpaquePointer?
         try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in
@@ -156,7 +155,7 @@ final class FileWatchRunner: RunningSource {
     /// looked up in it, and replaces the current watches with the new ones.
     private func resolveAndWatch() -> Result<Target, SourceFailure> {
         var fresh: [Watch] = []
-        fresh.reserveCapacity(components.count + 1)
+        fresh.reserveCapacity(componentBound + 1)
         let result = resolve(into: &fresh)
         // The new watches are in place before the old ones go: a directory
         // in both keeps its shared source and inotify watch descriptor
@@ -197,20 +196,18 @@ final class FileWatchRunner: RunningSource {
             fresh.append(w)
             return w
         }
-        // The components still to resolve: `components[next...]`, then the
-        // pushed ones (a symlink's target), last first.
-        var next = 0
+        // The components still to resolve: the pushed ones (a symlink's
+        // target), last first, then the path's own from `rest` on.
+        var rest = PathComponents(path)
         var pushed: [Substring] = []
-        /// The next name, and whether it is the path's own (`components`).
+        /// The next name, and whether it is the path's own.
         func pop() -> (name: Substring, own: Bool)? {
             if let name = pushed.popLast() { return (name, false) }
-            guard next < components.count else { return nil }
-            next += 1
-            return (components[next - 1], true)
+            return rest.next().map { ($0, true) }
         }
         /// Only `.` components remain.
         func restIsDots() -> Bool {
-            pushed.allSatisfy(Self.isDot) && components[next...].allSatisfy(Self.isDot)
+            pushed.allSatisfy(Self.isDot) && rest.allSatisfy(Self.isDot)
         }
         var links = 0
 
@@ -262,9 +259,9 @@ final class FileWatchRunner: RunningSource {
                 // far see it change.
                 guard let link else { return .success(.missing) }
                 // Pushed on top of the components not resolved yet.
-                pushed.append(contentsOf: components[next...].reversed())
-                next = components.count
-                pushed.append(contentsOf: Self.components(of: link).reversed())
+                pushed.append(contentsOf: Array(rest).reversed())
+                rest.finish()
+                pushed.append(contentsOf: Array(PathComponents(link)).reversed())
                 if link.hasPrefix("/") {
                     let top = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
                     guard top >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
@@ -319,28 +316,11 @@ final class FileWatchRunner: RunningSource {
         }
     }
 
-    /// `path`'s components: the slices between its `/` bytes, empty ones
-    /// left out (as the kernel reads a path).
-    static func components(of path: String) -> [Substring] {
-        let utf8 = path.utf8
-        var result: [Substring] = []
-        let slashes = utf8.withContiguousStorageIfAvailable { bytes in
-            var n = 0
-            for b in bytes where b == UInt8(ascii: "/") { n += 1 }
-            return n
-        }
-        result.reserveCapacity((slashes ?? 8) + 1)
-        var start = utf8.startIndex
-        var i = start
-        while i != utf8.endIndex {
-            if utf8[i] == UInt8(ascii: "/") {
-                if start != i { result.append(Substring(utf8[start..<i])) }
-                start = utf8.index(after: i)
-            }
-            i = utf8.index(after: i)
-        }
-        if start != i { result.append(Substring(utf8[start..<i])) }
-        return result
+    /// How many `/` bytes `path` has.
+    static func slashes(in path: String) -> Int {
+        var n = 0
+        for byte in path.utf8 where byte == UInt8(ascii: "/") { n += 1 }
+        return n
     }
 
     private static func readLink(_ fd: Int32) -> String? {
@@ -501,6 +481,32 @@ final class FileWatchRunner: RunningSource {
         }
         pending = []
     }
+}
+
+/// The components of a path, read one at a time: the slices between its `/`
+/// bytes, empty ones left out, as the kernel reads a path (no string per
+/// component, no grapheme breaking).
+struct PathComponents: Sequence, IteratorProtocol {
+    private let path: String
+    private var index: String.Index
+
+    init(_ path: String) {
+        self.path = path
+        index = path.utf8.startIndex
+    }
+
+    mutating func next() -> Substring? {
+        let utf8 = path.utf8
+        let slash = UInt8(ascii: "/")
+        while index != utf8.endIndex && utf8[index] == slash { index = utf8.index(after: index) }
+        guard index != utf8.endIndex else { return nil }
+        let start = index
+        while index != utf8.endIndex && utf8[index] != slash { index = utf8.index(after: index) }
+        return Substring(utf8[start..<index])
+    }
+
+    /// Reads nothing more.
+    mutating func finish() { index = path.utf8.endIndex }
 }
 
 /// The loop's inotify watches on directories, one sd-event source per
