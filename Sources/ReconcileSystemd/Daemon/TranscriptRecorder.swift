@@ -536,10 +536,8 @@ final class Semaphore: @unchecked Sendable {
     /// is on the realtime clock, as `sem_timedwait` takes it); false when it
     /// passed.
     func wait(timeout: Duration) -> Bool {
+        let deadline = usecAdd(clockMicroseconds(CLOCK_REALTIME), usec(timeout))
         var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        let now = usecAdd(usecMultiply(UInt64(ts.tv_sec), 1_000_000), UInt64(ts.tv_nsec / 1000))
-        let deadline = usecAdd(now, usec(timeout))
         ts.tv_sec = Int(clamping: deadline / 1_000_000)
         ts.tv_nsec = Int(deadline % 1_000_000) * 1000
         while true {

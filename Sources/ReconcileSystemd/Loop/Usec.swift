@@ -47,8 +47,9 @@ func usecAccuracy(_ leeway: Duration) -> UInt64 {
     min(max(1, usec(leeway)), usecInfinity - 1)
 }
 
-/// `clock`'s time now in microseconds (`clock_gettime`): the one place
-/// Reconcile reads a clock outside sd-event. Saturating: a time before the
+/// `clock`'s time now in microseconds (`clock_gettime`): every reading of
+/// a clock in microseconds outside sd-event goes through here (the loop
+/// clock's `now`, a `Duration`, keeps nanoseconds). Saturating: a time before the
 /// clock's epoch (a realtime clock set before 1970) gives 0.
 func clockMicroseconds(_ clock: clockid_t) -> UInt64 {
     var ts = timespec()
