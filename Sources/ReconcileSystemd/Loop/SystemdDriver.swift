@@ -185,7 +185,9 @@ final class OwnedSource {
     let source: any RunningSource
     /// The ticket whose `driverState` holds this (it outlives this object).
     fileprivate unowned(unsafe) let ticket: SourceTicket
-    fileprivate var list: OwnedSources?
+    /// The list this is linked into; nil once unlinked. Unretained: the
+    /// driver unlinks every node before its list goes (detach, deinit).
+    fileprivate unowned(unsafe) var list: OwnedSources?
     fileprivate var prev: Unmanaged<OwnedSource>?
     fileprivate var next: Unmanaged<OwnedSource>?
 
