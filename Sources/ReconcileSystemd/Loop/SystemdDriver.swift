@@ -15,9 +15,10 @@ public final class SystemdDriver: Driver {
     /// by the host from `Runtime.didReconcile` (`Logger.logReconcile(_:)`), not here.
     public var logger: Logger
 
-    /// Running sources live on their tickets (`driverState`); the driver
-    /// keeps only their number.
-    private var running = 0
+    /// Running sources live on their tickets (`driverState`, an
+    /// `OwnedSource`), linked unretained into this list so `detach` and
+    /// deinit can stop the ones the runtime did not.
+    private let owned = OwnedSources()
     /// Each kind's `SystemdSource` conformance, looked up once per kind.
     private var kinds: [ObjectIdentifier: (any SystemdSource.Type)?] = [:]
     private var lastKind: (id: ObjectIdentifier, type: (any SystemdSource.Type)?)?
@@ -35,7 +36,7 @@ public final class SystemdDriver: Driver {
     }
 
     /// How many sources are running now.
-    public var runningCount: Int { running }
+    public var runningCount: Int { owned.count }
 
     /// The loop's monotonic time (`sd_event_now`: the time of the current
     /// iteration's wakeup), stamped on transcript records.
@@ -68,8 +69,7 @@ public final class SystemdDriver: Driver {
         guard let kind = systemdKind(ticket.source) else {
             if let kind = ticket.source as? any TaskBackedSource.Type {
                 // A task on the loop's executor (StreamSource).
-                ticket.driverState = TaskSourceRunner(stop: kind.startTask(ticket, executor: loop.taskExecutor))
-                running += 1
+                ticket.driverState = owned.add(TaskSourceRunner(stop: kind.startTask(ticket, executor: loop.taskExecutor)), ticket)
                 return
             }
             ticket.fail(SourceFailure(operation: "start \(ticket.id)",
@@ -77,8 +77,7 @@ public final class SystemdDriver: Driver {
             return
         }
         do {
-            ticket.driverState = try kind._start(ticket, context: SourceContext(loop: loop, logger: logger, driver: self))
-            running += 1
+            ticket.driverState = owned.add(try kind._start(ticket, context: SourceContext(loop: loop, logger: logger, driver: self)), ticket)
         } catch {
             ticket.fail(Self.failure(error, ticket))
         }
@@ -86,15 +85,14 @@ public final class SystemdDriver: Driver {
 
     /// Applies the ticket's new configuration in place; an error becomes a failure event.
     public func retune(_ ticket: SourceTicket, from old: AnyHashable) {
-        guard let source = ticket.driverState as? any RunningSource else { return }
+        guard let source = (ticket.driverState as? OwnedSource)?.source else { return }
         do { try source.retune(to: ticket.configuration) } catch { ticket.fail(Self.failure(error, ticket)) }
     }
 
     /// Stops the source; it emits nothing afterwards.
     public func stop(_ ticket: SourceTicket) {
-        guard let source = ticket.driverState as? any RunningSource else { return }
+        guard let source = ticket.driverState as? OwnedSource else { return }
         ticket.driverState = nil
-        running -= 1
         source.stop()
     }
 
@@ -111,9 +109,15 @@ public final class SystemdDriver: Driver {
         return kind
     }
 
-    /// Disconnects the runtime. The runtime has stopped every source by
-    /// then (`Runtime.shutdown` stops all before it detaches).
+    /// Disconnects the runtime. `Runtime.shutdown` stops every source before
+    /// it detaches; a source still running here (the driver detached without
+    /// a shutdown) is stopped now, with one warning: nothing this driver
+    /// started stays armed on the loop after it detached.
     public func detach() {
+        let left = owned.stopAll()
+        if left > 0 {
+            logger.warning("detach: stopped \(left) source(s) still running (the runtime did not shut down first)")
+        }
         wakeSource?.close()
         wakeSource = nil
         inotifyKeeper?.close()
@@ -122,6 +126,11 @@ public final class SystemdDriver: Driver {
         wakeChannel = nil
         host = nil
     }
+
+    /// A driver that goes away (a runtime dropped without `shutdown()`, and
+    /// with it its driver) detaches: it stops every source it still owns, so
+    /// none fires into a program that is gone, and closes its eventfd.
+    deinit { detach() }
 
     /// sd-event closes its inotify fd when the last watch goes, and closing
     /// an inotify fd waits for an RCU grace period (about a millisecond): a
@@ -165,5 +174,77 @@ final class WakeChannel: Sendable {
             if fd >= 0 { Glibc.close(fd) }
             fd = -1
         }
+    }
+}
+
+/// A running source the driver started: owned by its ticket (`driverState`),
+/// linked unretained into the driver's `OwnedSources`. Stopped exactly once:
+/// by `SystemdDriver.stop`, by the driver's detach or deinit, or when its
+/// ticket goes away without a stop.
+final class OwnedSource {
+    let source: any RunningSource
+    /// The ticket whose `driverState` holds this (it outlives this object).
+    fileprivate unowned(unsafe) let ticket: SourceTicket
+    /// The list this is linked into; nil once unlinked. Unretained: the
+    /// driver unlinks every node before its list goes (detach, deinit).
+    fileprivate unowned(unsafe) var list: OwnedSources?
+    fileprivate var prev: Unmanaged<OwnedSource>?
+    fileprivate var next: Unmanaged<OwnedSource>?
+
+    fileprivate init(_ source: any RunningSource, _ ticket: SourceTicket, _ list: OwnedSources) {
+        self.source = source
+        self.ticket = ticket
+        self.list = list
+    }
+
+    /// Unlinks and stops the source (a second call does nothing).
+    func stop() {
+        guard let list else { return }
+        list.unlink(self)
+        source.stop()
+    }
+
+    deinit { stop() }
+}
+
+/// The driver's running sources, a doubly linked list through their
+/// `OwnedSource` (O(1) add and remove, no table).
+final class OwnedSources {
+    private var head: Unmanaged<OwnedSource>?
+    private(set) var count = 0
+
+    /// Links `source` started for `ticket`; returns its `driverState`.
+    func add(_ source: any RunningSource, _ ticket: SourceTicket) -> OwnedSource {
+        let node = OwnedSource(source, ticket, self)
+        node.next = head
+        head?.takeUnretainedValue().prev = Unmanaged.passUnretained(node)
+        head = Unmanaged.passUnretained(node)
+        count += 1
+        return node
+    }
+
+    fileprivate func unlink(_ node: OwnedSource) {
+        if let p = node.prev { p.takeUnretainedValue().next = node.next } else { head = node.next }
+        node.next?.takeUnretainedValue().prev = node.prev
+        node.prev = nil
+        node.next = nil
+        node.list = nil
+        count -= 1
+    }
+
+    /// Stops every source still linked and clears its ticket's
+    /// `driverState` (which also breaks a source -> ticket cycle); returns
+    /// how many there were.
+    func stopAll() -> Int {
+        var stopped = 0
+        while let first = head {
+            let node = first.takeUnretainedValue()
+            withExtendedLifetime(node) {
+                node.stop()
+                if node.ticket.driverState === node { node.ticket.driverState = nil }
+            }
+            stopped += 1
+        }
+        return stopped
     }
 }
