@@ -241,7 +241,7 @@ final class ReconcileEngine {
         duplicates = []
         notPure = []
         begin(root)
-        walk(desired.parts)
+        walk(desired)
         finish(root)
         collectStops()
         if !records.starts.isEmpty { lastStarts = records.starts.count }
@@ -254,20 +254,28 @@ final class ReconcileEngine {
 
     // MARK: Walking the desired set
 
+    func walk<M>(_ set: Subscriptions<M>) {
+        guard let head = set.head else { return }
+        walk(head)
+        for part in set.tail { walk(part) }
+    }
+
     func walk<M>(_ parts: [SubscriptionsPart<M>]) {
-        for part in parts {
-            switch part {
-            case .items(let items):
-                items.withUnsafeBufferPointer { buffer in
-                    guard let base = buffer.baseAddress else { return }
-                    let cores = UnsafeRawPointer(base).assumingMemoryBound(to: SubscriptionCore.self)
-                    walkItems(UnsafeBufferPointer(start: cores, count: buffer.count))
-                }
-            case .group(let node):
-                walkGroup(node)
-            case .mapped(let node):
-                node.walk(self)
+        for part in parts { walk(part) }
+    }
+
+    private func walk<M>(_ part: SubscriptionsPart<M>) {
+        switch part {
+        case .items(let items):
+            items.withUnsafeBufferPointer { buffer in
+                guard let base = buffer.baseAddress else { return }
+                let cores = UnsafeRawPointer(base).assumingMemoryBound(to: SubscriptionCore.self)
+                walkItems(UnsafeBufferPointer(start: cores, count: buffer.count))
             }
+        case .group(let node):
+            walkGroup(node)
+        case .mapped(let node):
+            node.walk(self)
         }
     }
 
@@ -423,33 +431,41 @@ final class ReconcileEngine {
 
     private func walkGroup<M>(_ node: GroupNode<M>) {
         let parent = current
-        var key = node.key
         var found: GroupMemo?
-        // Positional first: groups usually come in the same order.
+        var match = 0
+        // Positional first: groups usually come in the same order, and a
+        // group in its place is compared (key and input, typed) in one call
+        // without hashing its key.
         if parent.childCursor < parent.childOrder.count {
             let m = parent.childOrder[parent.childCursor]
-            if let k = m.key, k == key, m.walkEpoch != epoch {
-                found = m
-                parent.childCursor += 1
+            if let last = m.node, m.key?.occurrence == 0, m.walkEpoch != epoch {
+                match = node.match(last)
+                if match != 0 {
+                    found = m
+                    parent.childCursor += 1
+                }
             }
         }
         if found == nil {
+            var key = node.key
             found = parent.children[key]
             while let m = found, m.walkEpoch == epoch {
                 key.occurrence += 1
                 found = parent.children[key]
             }
+            if let m = found {
+                match = m.node.map { node.match($0) } ?? 1
+            } else {
+                let m = GroupMemo(key: key, parent: parent)
+                parent.children[key] = m
+                found = m
+            }
         }
-        let memo: GroupMemo
-        if let found { memo = found } else {
-            memo = GroupMemo(key: key, parent: parent)
-            parent.children[key] = memo
-        }
+        let memo = found!
         parent.visited += 1
         parent.newChildOrder.append(memo)
-        memo.forward = composedForward()
-        let same = found != nil && memo.rebuildEpoch != epoch && memo.subtreeDuplicates == 0
-            && memo.node.map { $0.inputEquals(node) } == true
+        if memo.forward != nil || !forwards.isEmpty { memo.forward = composedForward() }
+        let same = match == 2 && memo.rebuildEpoch != epoch && memo.subtreeDuplicates == 0
         memo.walkEpoch = epoch
         if same && !verifiesGroups {
             memo.skipEpoch = epoch
@@ -461,12 +477,12 @@ final class ReconcileEngine {
         forwards = []
         let before = changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count
         begin(memo)
-        walk(node.build().parts)
+        walk(node.build())
         finish(memo)
         current = parent
         forwards = saved
         if same && before != changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count {
-            notPure.append(key.node.keyDescription)
+            notPure.append(memo.key?.node.keyDescription ?? "")
         }
     }
 
@@ -517,7 +533,8 @@ final class ReconcileEngine {
             }
         }
         var duplicates = memo.ownDuplicates
-        for child in memo.children.values {
+        // The children walked this time (the others have just vanished).
+        for child in memo.childOrder {
             count += child.subtreeCount
             duplicates += child.subtreeDuplicates
         }

@@ -99,32 +99,58 @@ final class MappedTagger<Inner, Message>: Tagger<Message> {
 /// the reconciler reports it and lets the first one win. Parts of a large set
 /// can be memoized with `group(_:_:_:)`.
 public struct Subscriptions<Message> {
-    @usableFromInline var parts: [SubscriptionsPart<Message>]
+    // A set of one part (one group, one array of subscriptions) holds it
+    // inline: no array of parts. `tail` is empty while `head` is nil.
+    @usableFromInline var head: SubscriptionsPart<Message>?
+    @usableFromInline var tail: [SubscriptionsPart<Message>]
 
     /// The subscriptions, in the order they were given (groups are built).
     public var items: [Subscription<Message>] {
         get {
-            if parts.isEmpty { return [] }
-            if parts.count == 1, case .items(let a) = parts[0] { return a }
+            guard let head else { return [] }
+            if tail.isEmpty, case .items(let a) = head { return a }
             var all: [Subscription<Message>] = []
-            for p in parts { p.appendItems(to: &all) }
+            head.appendItems(to: &all)
+            for p in tail { p.appendItems(to: &all) }
             return all
         }
-        set { parts = newValue.isEmpty ? [] : [.items(newValue)] }
+        set {
+            head = newValue.isEmpty ? nil : .items(newValue)
+            tail = []
+        }
     }
 
     /// A set of `items`.
-    public init(_ items: [Subscription<Message>]) { self.parts = items.isEmpty ? [] : [.items(items)] }
+    @inlinable public init(_ items: [Subscription<Message>]) {
+        head = items.isEmpty ? nil : .items(items)
+        tail = []
+    }
 
     /// A set built with the result builder.
     public init(@SubscriptionsBuilder<Message> _ build: () -> Subscriptions<Message>) {
         self = build()
     }
 
-    init(parts: [SubscriptionsPart<Message>]) { self.parts = parts }
+    /// A set of one part.
+    @inlinable init(part: SubscriptionsPart<Message>) {
+        head = part
+        tail = []
+    }
+
+    @inlinable init(parts: [SubscriptionsPart<Message>]) {
+        head = nil
+        tail = []
+        for p in parts { append(p) }
+    }
 
     /// No subscriptions.
-    public static var none: Subscriptions { Subscriptions([]) }
+    @inlinable public static var none: Subscriptions { Subscriptions() }
+
+    /// The parts in order (an array: for the paths that are not hot).
+    var parts: [SubscriptionsPart<Message>] {
+        guard let head else { return [] }
+        return [head] + tail
+    }
 
     /// The identities, in order.
     public var ids: [SubscriptionID] { items.map(\.id) }
@@ -136,8 +162,7 @@ public struct Subscriptions<Message> {
     /// Groups stay memoized: the mapping is applied to their messages on
     /// delivery and refreshed on every reconcile.
     public func map<Other>(_ transform: @escaping (Message) -> Other) -> Subscriptions<Other> {
-        var out: [SubscriptionsPart<Other>] = []
-        out.reserveCapacity(parts.count)
+        var out = Subscriptions<Other>()
         var pending: [SubscriptionsPart<Message>] = []
         for p in parts {
             switch p {
@@ -152,25 +177,43 @@ public struct Subscriptions<Message> {
             }
         }
         if !pending.isEmpty { out.append(.mapped(TypedMapNode(pending, transform))) }
-        return Subscriptions<Other>(parts: out)
+        return out
+    }
+
+    @inlinable init() {
+        head = nil
+        tail = []
     }
 
     /// Appends `other`'s parts (adjacent plain parts are merged).
-    mutating func append(_ other: Subscriptions<Message>) {
-        for p in other.parts { append(p) }
+    @inlinable mutating func append(_ other: Subscriptions<Message>) {
+        guard let first = other.head else { return }
+        if head == nil {
+            self = other
+            return
+        }
+        append(first)
+        for p in other.tail { append(p) }
     }
 
-    mutating func append(_ part: SubscriptionsPart<Message>) {
+    @inlinable mutating func append(_ part: SubscriptionsPart<Message>) {
         if case .items(let b) = part {
             if b.isEmpty { return }
-            if case .items(var a)? = parts.last {
-                parts[parts.count - 1] = .items([])
+            if tail.isEmpty {
+                if case .items(var a)? = head {
+                    head = nil
+                    a.append(contentsOf: b)
+                    head = .items(a)
+                    return
+                }
+            } else if case .items(var a)? = tail.last {
+                tail[tail.count - 1] = .items([])
                 a.append(contentsOf: b)
-                parts[parts.count - 1] = .items(a)
+                tail[tail.count - 1] = .items(a)
                 return
             }
         }
-        parts.append(part)
+        if head == nil { head = part } else { tail.append(part) }
     }
 }
 
@@ -187,11 +230,12 @@ extension Subscriptions {
     /// document order wins. Mapping a set with groups (`map`) is applied on
     /// delivery and refreshed on every reconcile, also for skipped groups.
     /// Groups nest; keys are scoped to the enclosing group.
+    @inlinable
     public static func group<Key: Hashable & Sendable, Input: Equatable>(
         _ key: Key, _ input: Input,
         @SubscriptionsBuilder<Message> _ body: @escaping (Input) -> Subscriptions<Message>
     ) -> Subscriptions<Message> {
-        Subscriptions(parts: [.group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: body))])
+        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: body)))
     }
 }
 
@@ -227,37 +271,46 @@ struct GroupKey: Hashable {
 
 /// A group as given, without its message type: key and input, compared typed.
 @usableFromInline class GroupIdentity {
+    @usableFromInline init() {}
     func keyEquals(_ other: GroupIdentity) -> Bool { fatalError("GroupIdentity.keyEquals: abstract") }
     func inputEquals(_ other: GroupIdentity) -> Bool { fatalError("GroupIdentity.inputEquals: abstract") }
     var keyDescription: String { fatalError("GroupIdentity.keyDescription: abstract") }
 }
 
 /// A memoized group as given: its key, its input, and how to build it (one
-/// object per group and reconcile).
+/// object per group and reconcile; with the body's closure context, the only
+/// allocations a group costs the program).
 @usableFromInline class GroupNode<Message>: GroupIdentity {
-    /// The key with its hash (set by the typed subclass).
+    @usableFromInline override init() {}
+    /// The key with its hash (set by the typed subclass; hashed only when
+    /// asked: a group found in its place needs no hash).
     var key: GroupKey { fatalError("GroupNode.key: abstract") }
+    /// How `last` (a node of the last reconcile) compares with this one:
+    /// 0 another key, 1 the same key, 2 the same key and an equal input
+    /// (the group may be skipped). One call on the positional path.
+    func match(_ last: GroupIdentity) -> Int { fatalError("GroupNode.match: abstract") }
     /// The group's subscriptions, built now.
     func build() -> Subscriptions<Message> { fatalError("GroupNode.build: abstract") }
 }
 
+@usableFromInline
 final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>: GroupNode<Message> {
-    let keyValue: Key
-    let value: Input
-    let body: (Input) -> Subscriptions<Message>
-    private var hashValue_: Int
+    @usableFromInline let keyValue: Key
+    @usableFromInline let value: Input
+    @usableFromInline let body: (Input) -> Subscriptions<Message>
 
-    init(key: Key, input: Input, body: @escaping (Input) -> Subscriptions<Message>) {
+    @inlinable init(key: Key, input: Input, body: @escaping (Input) -> Subscriptions<Message>) {
         self.keyValue = key
         self.value = input
         self.body = body
-        var h = Hasher()
-        h.combine(ObjectIdentifier(Key.self))
-        h.combine(key)
-        hashValue_ = h.finalize()
     }
 
-    override var key: GroupKey { GroupKey(node: self, cachedHash: hashValue_) }
+    override var key: GroupKey {
+        var h = Hasher()
+        h.combine(ObjectIdentifier(Key.self))
+        h.combine(keyValue)
+        return GroupKey(node: self, cachedHash: h.finalize())
+    }
 
     override func keyEquals(_ other: GroupIdentity) -> Bool {
         if ObjectIdentifier(type(of: other)) == ObjectIdentifier(TypedGroupNode.self) {
@@ -273,6 +326,16 @@ final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>:
         }
         guard let o = other as? any TypedInput<Input> else { return false }
         return o.value == value
+    }
+
+    override func match(_ last: GroupIdentity) -> Int {
+        if ObjectIdentifier(type(of: last)) == ObjectIdentifier(TypedGroupNode.self) {
+            let o = unsafeDowncast(last, to: TypedGroupNode.self)
+            guard o.keyValue == keyValue else { return 0 }
+            return o.value == value ? 2 : 1
+        }
+        guard keyEquals(last) else { return 0 }
+        return inputEquals(last) ? 2 : 1
     }
 
     override var keyDescription: String { "\(keyValue)" }
@@ -325,30 +388,43 @@ final class TypedMapNode<Inner, Message>: MapNode<Message> {
 @resultBuilder
 public enum SubscriptionsBuilder<Message> {
     /// One subscription.
-    public static func buildExpression(_ s: Subscription<Message>) -> Subscriptions<Message> { Subscriptions([s]) }
+    @inlinable public static func buildExpression(_ s: Subscription<Message>) -> Subscriptions<Message> { Subscriptions([s]) }
     /// An optional subscription (nothing when nil).
-    public static func buildExpression(_ s: Subscription<Message>?) -> Subscriptions<Message> { Subscriptions(s.map { [$0] } ?? []) }
+    @inlinable public static func buildExpression(_ s: Subscription<Message>?) -> Subscriptions<Message> { Subscriptions(s.map { [$0] } ?? []) }
     /// A nested set, in order.
-    public static func buildExpression(_ s: Subscriptions<Message>) -> Subscriptions<Message> { s }
+    @inlinable public static func buildExpression(_ s: Subscriptions<Message>) -> Subscriptions<Message> { s }
     /// An array of subscriptions, in order.
-    public static func buildExpression(_ s: [Subscription<Message>]) -> Subscriptions<Message> { Subscriptions(s) }
+    @inlinable public static func buildExpression(_ s: [Subscription<Message>]) -> Subscriptions<Message> { Subscriptions(s) }
     /// The statements' subscriptions, in order.
-    public static func buildBlock(_ parts: Subscriptions<Message>...) -> Subscriptions<Message> { concatenate(parts) }
+    @inlinable public static func buildBlock(_ parts: Subscriptions<Message>...) -> Subscriptions<Message> { concatenate(parts) }
+    /// One statement's subscriptions (a `for` body: no array of one).
+    @inlinable public static func buildBlock(_ part: Subscriptions<Message>) -> Subscriptions<Message> { part }
     /// An `if` without `else`.
-    public static func buildOptional(_ part: Subscriptions<Message>?) -> Subscriptions<Message> { part ?? .none }
+    @inlinable public static func buildOptional(_ part: Subscriptions<Message>?) -> Subscriptions<Message> { part ?? .none }
     /// The first branch of an `if`/`else` or `switch`.
-    public static func buildEither(first: Subscriptions<Message>) -> Subscriptions<Message> { first }
+    @inlinable public static func buildEither(first: Subscriptions<Message>) -> Subscriptions<Message> { first }
     /// The second branch of an `if`/`else` or `switch`.
-    public static func buildEither(second: Subscriptions<Message>) -> Subscriptions<Message> { second }
+    @inlinable public static func buildEither(second: Subscriptions<Message>) -> Subscriptions<Message> { second }
     /// A `for` loop's subscriptions, in order.
-    public static func buildArray(_ parts: [Subscriptions<Message>]) -> Subscriptions<Message> { concatenate(parts) }
+    @inlinable public static func buildArray(_ parts: [Subscriptions<Message>]) -> Subscriptions<Message> { concatenate(parts) }
     /// An `if #available` branch.
-    public static func buildLimitedAvailability(_ part: Subscriptions<Message>) -> Subscriptions<Message> { part }
+    @inlinable public static func buildLimitedAvailability(_ part: Subscriptions<Message>) -> Subscriptions<Message> { part }
 
-    static func concatenate(_ parts: [Subscriptions<Message>]) -> Subscriptions<Message> {
+    @inlinable static func concatenate(_ parts: [Subscriptions<Message>]) -> Subscriptions<Message> {
         if parts.count == 1 { return parts[0] }
-        var all = Subscriptions<Message>.none
-        for p in parts { all.append(p) }
+        var all = Subscriptions<Message>()
+        var i = 0
+        // The first non-empty set is taken as is; the others' parts go to
+        // its tail, reserved once.
+        while i < parts.count && parts[i].head == nil { i += 1 }
+        guard i < parts.count else { return all }
+        all = parts[i]
+        all.tail.reserveCapacity(all.tail.count + parts.count - i - 1)
+        i += 1
+        while i < parts.count {
+            all.append(parts[i])
+            i += 1
+        }
         return all
     }
 }
