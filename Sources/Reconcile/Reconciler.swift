@@ -78,17 +78,20 @@ final class GroupMemo {
     let parent: GroupMemo?
     /// The reconciler's owner link (entries reach it through their group).
     let link: OwnerLink
-    /// The group as last given (its key and input).
-    var node: GroupIdentity?
+    /// The group as last built (its key and input), and the same unretained
+    /// (read on the skip path without reference counting).
+    private(set) var node: GroupIdentity?
+    private(set) var nodeRef: Unmanaged<GroupIdentity>?
     /// Maps the group's messages to its parent's (nil: the same type).
     var forward: ((Any) -> Any)?
     /// The entries in desired order, unretained: the active table holds
     /// them, and an entry leaves every order before it leaves the table.
     var order: ContiguousArray<Unmanaged<ActiveSource>> = []
     var children: [GroupKey: GroupMemo] = [:]
-    /// The nested groups in the order last walked, for positional lookup.
-    var childOrder: [GroupMemo] = []
-    var newChildOrder: [GroupMemo] = []
+    /// The nested groups in the order last walked, for positional lookup
+    /// (unretained: `children` holds them).
+    var childOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
+    var newChildOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
     var childCursor = 0
     /// Entries claimed by this group and its nested groups.
     var subtreeCount = 0
@@ -114,12 +117,22 @@ final class GroupMemo {
         self.key = key
         self.parent = parent
         self.link = parent.link
+        self.occurrence = key?.occurrence ?? 0
+    }
+
+    /// Which occurrence of its key among its siblings this group is.
+    let occurrence: Int
+
+    func setNode(_ node: GroupIdentity) {
+        self.node = node
+        nodeRef = .passUnretained(node)
     }
 
     init(link: OwnerLink) {
         self.key = nil
         self.parent = nil
         self.link = link
+        self.occurrence = 0
     }
 
     /// `message` (of this group's type) mapped up to the runtime's type.
@@ -255,9 +268,11 @@ final class ReconcileEngine {
     // MARK: Walking the desired set
 
     func walk<M>(_ set: Subscriptions<M>) {
-        guard let head = set.head else { return }
-        walk(head)
-        for part in set.tail { walk(part) }
+        switch set.storage {
+        case nil: return
+        case .one(let part)?: walk(part)
+        case .many(let parts)?: walk(parts)
+        }
     }
 
     func walk<M>(_ parts: [SubscriptionsPart<M>]) {
@@ -430,6 +445,7 @@ final class ReconcileEngine {
     }
 
     private func walkGroup<M>(_ node: GroupNode<M>) {
+        if skipInPlace(node) { return }
         let parent = current
         var found: GroupMemo?
         var match = 0
@@ -437,8 +453,8 @@ final class ReconcileEngine {
         // group in its place is compared (key and input, typed) in one call
         // without hashing its key.
         if parent.childCursor < parent.childOrder.count {
-            let m = parent.childOrder[parent.childCursor]
-            if let last = m.node, m.key?.occurrence == 0, m.walkEpoch != epoch {
+            let m = parent.childOrder[parent.childCursor].takeUnretainedValue()
+            if let last = m.node, m.occurrence == 0, m.walkEpoch != epoch {
                 match = node.match(last)
                 if match != 0 {
                     found = m
@@ -463,7 +479,7 @@ final class ReconcileEngine {
         }
         let memo = found!
         parent.visited += 1
-        parent.newChildOrder.append(memo)
+        parent.newChildOrder.append(.passUnretained(memo))
         if memo.forward != nil || !forwards.isEmpty { memo.forward = composedForward() }
         let same = match == 2 && memo.rebuildEpoch != epoch && memo.subtreeDuplicates == 0
         memo.walkEpoch = epoch
@@ -472,7 +488,7 @@ final class ReconcileEngine {
             kept += memo.subtreeCount
             return
         }
-        memo.node = node
+        memo.setNode(node)
         let saved = forwards
         forwards = []
         let before = changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count
@@ -483,6 +499,36 @@ final class ReconcileEngine {
         forwards = saved
         if same && before != changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count {
             notPure.append(memo.key?.node.keyDescription ?? "")
+        }
+    }
+
+    /// The common case, without reference counting: the group in its
+    /// place among its parent's, with the same key and an equal input, no
+    /// message mapping and nothing that forces a build. Skips it and
+    /// returns true; otherwise changes nothing and returns false.
+    @inline(__always)
+    private func skipInPlace<M>(_ node: GroupNode<M>) -> Bool {
+        guard !verifiesGroups && forwards.isEmpty else { return false }
+        let epoch = self.epoch
+        return Unmanaged.passUnretained(current)._withUnsafeGuaranteedRef { parent -> Bool in
+            let i = parent.childCursor
+            guard i < parent.childOrder.count else { return false }
+            let u = parent.childOrder[i]
+            let skipped = u._withUnsafeGuaranteedRef { m -> Bool in
+                guard m.walkEpoch != epoch, m.occurrence == 0, m.forward == nil, m.rebuildEpoch != epoch,
+                      m.subtreeDuplicates == 0, let last = m.nodeRef,
+                      last._withUnsafeGuaranteedRef({ node.match($0) }) == 2
+                else { return false }
+                m.walkEpoch = epoch
+                m.skipEpoch = epoch
+                kept += m.subtreeCount
+                return true
+            }
+            guard skipped else { return false }
+            parent.childCursor = i + 1
+            parent.visited += 1
+            parent.newChildOrder.append(u)
+            return true
         }
     }
 
@@ -535,8 +581,10 @@ final class ReconcileEngine {
         var duplicates = memo.ownDuplicates
         // The children walked this time (the others have just vanished).
         for child in memo.childOrder {
-            count += child.subtreeCount
-            duplicates += child.subtreeDuplicates
+            child._withUnsafeGuaranteedRef {
+                count += $0.subtreeCount
+                duplicates += $0.subtreeDuplicates
+            }
         }
         memo.subtreeCount = count
         memo.subtreeDuplicates = duplicates

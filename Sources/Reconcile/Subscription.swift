@@ -99,31 +99,33 @@ final class MappedTagger<Inner, Message>: Tagger<Message> {
 /// the reconciler reports it and lets the first one win. Parts of a large set
 /// can be memoized with `group(_:_:_:)`.
 public struct Subscriptions<Message> {
-    // A set of one part (one group, one array of subscriptions) holds it
-    // inline: no array of parts. `tail` is empty while `head` is nil.
-    @usableFromInline var head: SubscriptionsPart<Message>?
-    @usableFromInline var tail: [SubscriptionsPart<Message>]
+    // One reference whatever the set: a set of one part (one group, one
+    // array of subscriptions) holds it inline, with no array of parts; so
+    // copying a set (as the builder does) costs one retain.
+    @usableFromInline var storage: SubscriptionsStorage<Message>?
 
     /// The subscriptions, in the order they were given (groups are built).
     public var items: [Subscription<Message>] {
         get {
-            guard let head else { return [] }
-            if tail.isEmpty, case .items(let a) = head { return a }
-            var all: [Subscription<Message>] = []
-            head.appendItems(to: &all)
-            for p in tail { p.appendItems(to: &all) }
-            return all
+            switch storage {
+            case nil: return []
+            case .one(.items(let a))?: return a
+            case .one(let p)?:
+                var all: [Subscription<Message>] = []
+                p.appendItems(to: &all)
+                return all
+            case .many(let parts)?:
+                var all: [Subscription<Message>] = []
+                for p in parts { p.appendItems(to: &all) }
+                return all
+            }
         }
-        set {
-            head = newValue.isEmpty ? nil : .items(newValue)
-            tail = []
-        }
+        set { storage = newValue.isEmpty ? nil : .one(.items(newValue)) }
     }
 
     /// A set of `items`.
     @inlinable public init(_ items: [Subscription<Message>]) {
-        head = items.isEmpty ? nil : .items(items)
-        tail = []
+        storage = items.isEmpty ? nil : .one(.items(items))
     }
 
     /// A set built with the result builder.
@@ -132,24 +134,20 @@ public struct Subscriptions<Message> {
     }
 
     /// A set of one part.
-    @inlinable init(part: SubscriptionsPart<Message>) {
-        head = part
-        tail = []
-    }
+    @inlinable init(part: SubscriptionsPart<Message>) { storage = .one(part) }
 
-    @inlinable init(parts: [SubscriptionsPart<Message>]) {
-        head = nil
-        tail = []
-        for p in parts { append(p) }
-    }
+    @inlinable init() { storage = nil }
 
     /// No subscriptions.
     @inlinable public static var none: Subscriptions { Subscriptions() }
 
     /// The parts in order (an array: for the paths that are not hot).
     var parts: [SubscriptionsPart<Message>] {
-        guard let head else { return [] }
-        return [head] + tail
+        switch storage {
+        case nil: return []
+        case .one(let p)?: return [p]
+        case .many(let parts)?: return parts
+        }
     }
 
     /// The identities, in order.
@@ -180,41 +178,65 @@ public struct Subscriptions<Message> {
         return out
     }
 
-    @inlinable init() {
-        head = nil
-        tail = []
-    }
-
     /// Appends `other`'s parts (adjacent plain parts are merged).
     @inlinable mutating func append(_ other: Subscriptions<Message>) {
-        guard let first = other.head else { return }
-        if head == nil {
-            self = other
-            return
+        switch other.storage {
+        case nil: return
+        case .one(let p)?:
+            if storage == nil { self = other } else { append(p) }
+        case .many(let parts)?:
+            if storage == nil { self = other } else { for p in parts { append(p) } }
         }
-        append(first)
-        for p in other.tail { append(p) }
     }
 
     @inlinable mutating func append(_ part: SubscriptionsPart<Message>) {
-        if case .items(let b) = part {
-            if b.isEmpty { return }
-            if tail.isEmpty {
-                if case .items(var a)? = head {
-                    head = nil
-                    a.append(contentsOf: b)
-                    head = .items(a)
-                    return
-                }
-            } else if case .items(var a)? = tail.last {
-                tail[tail.count - 1] = .items([])
+        if case .items(let b) = part, b.isEmpty { return }
+        switch storage {
+        case nil:
+            storage = .one(part)
+        case .one(let first)?:
+            if case .items(var a) = first, case .items(let b) = part {
+                storage = nil
                 a.append(contentsOf: b)
-                tail[tail.count - 1] = .items(a)
-                return
+                storage = .one(.items(a))
+            } else {
+                storage = .many([first, part])
             }
+        case .many(var parts)?:
+            storage = nil
+            if case .items(let b) = part, case .items(var a)? = parts.last {
+                parts[parts.count - 1] = .items([])
+                a.append(contentsOf: b)
+                parts[parts.count - 1] = .items(a)
+            } else {
+                parts.append(part)
+            }
+            storage = .many(parts)
         }
-        if head == nil { head = part } else { tail.append(part) }
     }
+
+    /// Makes room for `count` more parts (one allocation for a `for` loop's).
+    @inlinable mutating func reserveParts(_ count: Int) {
+        guard count > 0 else { return }
+        switch storage {
+        case nil: return
+        case .one(let first)?:
+            var parts: [SubscriptionsPart<Message>] = []
+            parts.reserveCapacity(count + 1)
+            parts.append(first)
+            storage = .many(parts)
+        case .many(var parts)?:
+            storage = nil
+            parts.reserveCapacity(parts.count + count)
+            storage = .many(parts)
+        }
+    }
+}
+
+/// A set's parts: one inline, or several.
+@usableFromInline enum SubscriptionsStorage<Message> {
+    case one(SubscriptionsPart<Message>)
+    case many([SubscriptionsPart<Message>])
 }
 
 extension Subscriptions {
@@ -414,12 +436,12 @@ public enum SubscriptionsBuilder<Message> {
         if parts.count == 1 { return parts[0] }
         var all = Subscriptions<Message>()
         var i = 0
-        // The first non-empty set is taken as is; the others' parts go to
-        // its tail, reserved once.
-        while i < parts.count && parts[i].head == nil { i += 1 }
+        // The first non-empty set is taken as is; the others' parts are
+        // appended to it, room for them reserved once.
+        while i < parts.count && parts[i].storage == nil { i += 1 }
         guard i < parts.count else { return all }
         all = parts[i]
-        all.tail.reserveCapacity(all.tail.count + parts.count - i - 1)
+        all.reserveParts(parts.count - i - 1)
         i += 1
         while i < parts.count {
             all.append(parts[i])
