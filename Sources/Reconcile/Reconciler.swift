@@ -276,7 +276,7 @@ final class ReconcileEngine {
     }
 
     func walk<M>(_ parts: [SubscriptionsPart<M>]) {
-        for part in parts { walk(part) }
+        for i in parts.indices { walk(parts[i]) }
     }
 
     private func walk<M>(_ part: SubscriptionsPart<M>) {

@@ -179,7 +179,7 @@ public struct Subscriptions<Message> {
     }
 
     /// Appends `other`'s parts (adjacent plain parts are merged).
-    @inlinable mutating func append(_ other: Subscriptions<Message>) {
+    @inlinable mutating func append(_ other: consuming Subscriptions<Message>) {
         switch other.storage {
         case nil: return
         case .one(let p)?:
@@ -189,7 +189,7 @@ public struct Subscriptions<Message> {
         }
     }
 
-    @inlinable mutating func append(_ part: SubscriptionsPart<Message>) {
+    @inlinable mutating func append(_ part: consuming SubscriptionsPart<Message>) {
         if case .items(let b) = part, b.isEmpty { return }
         switch storage {
         case nil:
@@ -428,24 +428,32 @@ public enum SubscriptionsBuilder<Message> {
     /// The second branch of an `if`/`else` or `switch`.
     @inlinable public static func buildEither(second: Subscriptions<Message>) -> Subscriptions<Message> { second }
     /// A `for` loop's subscriptions, in order.
-    @inlinable public static func buildArray(_ parts: [Subscriptions<Message>]) -> Subscriptions<Message> { concatenate(parts) }
+    @inlinable public static func buildArray(_ parts: consuming [Subscriptions<Message>]) -> Subscriptions<Message> { concatenate(parts) }
     /// An `if #available` branch.
     @inlinable public static func buildLimitedAvailability(_ part: Subscriptions<Message>) -> Subscriptions<Message> { part }
 
-    @inlinable static func concatenate(_ parts: [Subscriptions<Message>]) -> Subscriptions<Message> {
+    @inlinable static func concatenate(_ parts: consuming [Subscriptions<Message>]) -> Subscriptions<Message> {
         if parts.count == 1 { return parts[0] }
         var all = Subscriptions<Message>()
-        var i = 0
-        // The first non-empty set is taken as is; the others' parts are
-        // appended to it, room for them reserved once.
-        while i < parts.count && parts[i].storage == nil { i += 1 }
-        guard i < parts.count else { return all }
-        all = parts[i]
-        all.reserveParts(parts.count - i - 1)
-        i += 1
-        while i < parts.count {
-            all.append(parts[i])
+        // The sets are moved out of the array (it is the builder's, given
+        // up): their parts change owner without reference counting. The
+        // first non-empty set is taken as is; room for the others' parts
+        // is reserved once.
+        parts.withUnsafeMutableBufferPointer { sets in
+            guard let base = sets.baseAddress else { return }
+            var i = 0
+            while i < sets.count && sets[i].storage == nil { i += 1 }
+            guard i < sets.count else { return }
+            all = (base + i).move()
+            (base + i).initialize(to: Subscriptions())
+            all.reserveParts(sets.count - i - 1)
             i += 1
+            while i < sets.count {
+                let next = (base + i).move()
+                (base + i).initialize(to: Subscriptions())
+                all.append(next)
+                i += 1
+            }
         }
         return all
     }
