@@ -257,7 +257,23 @@ extension Subscriptions {
         _ key: Key, _ input: Input,
         @SubscriptionsBuilder<Message> _ body: @escaping (Input) -> Subscriptions<Message>
     ) -> Subscriptions<Message> {
-        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: body)))
+        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: .input(body))))
+    }
+
+    /// A memoized part whose body is given its key and input: the same as
+    /// `group(_:_:_:)`, for a body that captures nothing.
+    ///
+    /// A closure that captures a value (the key, a model field) is
+    /// allocated every time the set is built, skipped or not; one that
+    /// captures nothing is not. With the key passed in, a body that follows
+    /// the rule (it depends on its key and input alone) needs no capture, so
+    /// an unchanged group costs the program one allocation instead of two.
+    @inlinable
+    public static func group<Key: Hashable & Sendable, Input: Equatable>(
+        _ key: Key, _ input: Input,
+        @SubscriptionsBuilder<Message> _ body: @escaping (Key, Input) -> Subscriptions<Message>
+    ) -> Subscriptions<Message> {
+        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: .keyed(body))))
     }
 }
 
@@ -319,9 +335,15 @@ struct GroupKey: Hashable {
 final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>: GroupNode<Message> {
     @usableFromInline let keyValue: Key
     @usableFromInline let value: Input
-    @usableFromInline let body: (Input) -> Subscriptions<Message>
+    @usableFromInline let body: Body
 
-    @inlinable init(key: Key, input: Input, body: @escaping (Input) -> Subscriptions<Message>) {
+    /// A group's body: given its input, or its key and input.
+    @usableFromInline enum Body {
+        case input((Input) -> Subscriptions<Message>)
+        case keyed((Key, Input) -> Subscriptions<Message>)
+    }
+
+    @inlinable init(key: Key, input: Input, body: Body) {
         self.keyValue = key
         self.value = input
         self.body = body
@@ -361,7 +383,12 @@ final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>:
     }
 
     override var keyDescription: String { "\(keyValue)" }
-    override func build() -> Subscriptions<Message> { body(value) }
+    override func build() -> Subscriptions<Message> {
+        switch body {
+        case .input(let body): return body(value)
+        case .keyed(let body): return body(keyValue, value)
+        }
+    }
 }
 
 /// Lets groups of different message types compare keys and inputs.
