@@ -91,7 +91,9 @@ final class GroupMemo {
     /// The nested groups in the order last walked, for positional lookup
     /// (unretained: `children` holds them).
     var childOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
+    /// The new child order, built only from where it first differs.
     var newChildOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
+    var childBuilding = false
     var childCursor = 0
     /// Entries claimed by this group and its nested groups.
     var subtreeCount = 0
@@ -254,7 +256,7 @@ final class ReconcileEngine {
         duplicates = []
         notPure = []
         begin(root)
-        walk(desired)
+        walk(unsafeBitCast(desired, to: Subscriptions<Erased>.self))
         finish(root)
         collectStops()
         if !records.starts.isEmpty { lastStarts = records.starts.count }
@@ -267,7 +269,14 @@ final class ReconcileEngine {
 
     // MARK: Walking the desired set
 
-    func walk<M>(_ set: Subscriptions<M>) {
+    /// The message type the walk sees. A set's parts hold only references
+    /// (arrays, nodes) whatever the message type, so `Subscriptions<M>` has
+    /// the layout of `Subscriptions<Erased>`; the walk reads them so, without
+    /// value witnesses, and calls nodes only through their class methods
+    /// (whose convention does not depend on the type argument).
+    typealias Erased = Never
+
+    private func walk(_ set: Subscriptions<Erased>) {
         switch set.storage {
         case nil: return
         case .one(let part)?: walk(part)
@@ -275,11 +284,11 @@ final class ReconcileEngine {
         }
     }
 
-    func walk<M>(_ parts: [SubscriptionsPart<M>]) {
+    private func walk(_ parts: [SubscriptionsPart<Erased>]) {
         for i in parts.indices { walk(parts[i]) }
     }
 
-    private func walk<M>(_ part: SubscriptionsPart<M>) {
+    private func walk(_ part: SubscriptionsPart<Erased>) {
         switch part {
         case .items(let items):
             items.withUnsafeBufferPointer { buffer in
@@ -296,7 +305,7 @@ final class ReconcileEngine {
 
     func walk<M>(_ parts: [SubscriptionsPart<M>], forward: @escaping (Any) -> Any) {
         forwards.append(forward)
-        walk(parts)
+        walk(unsafeBitCast(parts, to: [SubscriptionsPart<Erased>].self))
         forwards.removeLast()
     }
 
@@ -444,7 +453,7 @@ final class ReconcileEngine {
         memo.newOrder.reserveCapacity(max(memo.order.count, count + 1))
     }
 
-    private func walkGroup<M>(_ node: GroupNode<M>) {
+    private func walkGroup(_ node: GroupNode<Erased>) {
         if skipInPlace(node) { return }
         let parent = current
         var found: GroupMemo?
@@ -478,8 +487,7 @@ final class ReconcileEngine {
             }
         }
         let memo = found!
-        parent.visited += 1
-        parent.newChildOrder.append(.passUnretained(memo))
+        placeChild(.passUnretained(memo), in: parent)
         if memo.forward != nil || !forwards.isEmpty { memo.forward = composedForward() }
         let same = match == 2 && memo.rebuildEpoch != epoch && memo.subtreeDuplicates == 0
         memo.walkEpoch = epoch
@@ -507,7 +515,7 @@ final class ReconcileEngine {
     /// message mapping and nothing that forces a build. Skips it and
     /// returns true; otherwise changes nothing and returns false.
     @inline(__always)
-    private func skipInPlace<M>(_ node: GroupNode<M>) -> Bool {
+    private func skipInPlace(_ node: GroupNode<Erased>) -> Bool {
         guard !verifiesGroups && forwards.isEmpty else { return false }
         let epoch = self.epoch
         return Unmanaged.passUnretained(current)._withUnsafeGuaranteedRef { parent -> Bool in
@@ -526,10 +534,24 @@ final class ReconcileEngine {
             }
             guard skipped else { return false }
             parent.childCursor = i + 1
-            parent.visited += 1
-            parent.newChildOrder.append(u)
+            placeChild(u, in: parent)
             return true
         }
+    }
+
+    /// Puts `child` at the next position of `parent`'s new child order;
+    /// while that order equals the old one, nothing is written.
+    @inline(__always)
+    private func placeChild(_ child: Unmanaged<GroupMemo>, in parent: GroupMemo) {
+        let i = parent.visited
+        parent.visited = i + 1
+        if !parent.childBuilding {
+            if i < parent.childOrder.count && parent.childOrder[i].toOpaque() == child.toOpaque() { return }
+            parent.childBuilding = true
+            parent.newChildOrder.removeAll(keepingCapacity: true)
+            parent.newChildOrder.append(contentsOf: parent.childOrder[0..<i])
+        }
+        parent.newChildOrder.append(child)
     }
 
     private func composedForward() -> ((Any) -> Any)? {
@@ -550,7 +572,7 @@ final class ReconcileEngine {
         memo.visited = 0
         memo.ownDuplicates = 0
         memo.childCursor = 0
-        memo.newChildOrder.removeAll(keepingCapacity: true)
+        memo.childBuilding = false
         current = memo
     }
 
@@ -568,8 +590,15 @@ final class ReconcileEngine {
                 for i in from..<order.count { order[i]._withUnsafeGuaranteedRef { $0.position = UInt32(truncatingIfNeeded: i) } }
             }
         }
-        swap(&memo.childOrder, &memo.newChildOrder)
-        memo.newChildOrder.removeAll(keepingCapacity: true)
+        if memo.childBuilding || memo.visited != memo.childOrder.count {
+            if !memo.childBuilding {
+                memo.newChildOrder.removeAll(keepingCapacity: true)
+                memo.newChildOrder.append(contentsOf: memo.childOrder[0..<memo.visited])
+            }
+            swap(&memo.childOrder, &memo.newChildOrder)
+            memo.newChildOrder.removeAll(keepingCapacity: true)
+            memo.childBuilding = false
+        }
         var count = memo.order.count
         if memo.visited != memo.children.count {
             changes += 1
