@@ -229,7 +229,9 @@ final class ReconcileEngine {
     private var kept = 0
     private var duplicates: [SubscriptionID] = []
     private var current: GroupMemo
-    private var forwards: [(Any) -> Any] = []
+    private var forwards: [(Any) -> Any] = [] { didSet { mapping = !forwards.isEmpty } }
+    /// `!forwards.isEmpty`, read on the skip path (a plain load).
+    private var mapping = false
     private var scans: [(memo: GroupMemo, order: ContiguousArray<Unmanaged<ActiveSource>>, from: Int)] = []
     /// Entries a new entry took the place of in their group's order
     /// (stopped unless claimed elsewhere in this reconcile).
@@ -297,7 +299,8 @@ final class ReconcileEngine {
                 walkItems(UnsafeBufferPointer(start: cores, count: buffer.count))
             }
         case .group(let node):
-            walkGroup(node)
+            // The set holds the node for the walk: no reference counting.
+            Unmanaged.passUnretained(node)._withUnsafeGuaranteedRef { walkGroup($0) }
         case .mapped(let node):
             node.walk(self)
         }
@@ -516,7 +519,7 @@ final class ReconcileEngine {
     /// returns true; otherwise changes nothing and returns false.
     @inline(__always)
     private func skipInPlace(_ node: GroupNode<Erased>) -> Bool {
-        guard !verifiesGroups && forwards.isEmpty else { return false }
+        guard !verifiesGroups && !mapping else { return false }
         let epoch = self.epoch
         return Unmanaged.passUnretained(current)._withUnsafeGuaranteedRef { parent -> Bool in
             let i = parent.childCursor
