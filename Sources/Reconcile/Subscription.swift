@@ -257,7 +257,7 @@ extension Subscriptions {
         _ key: Key, _ input: Input,
         @SubscriptionsBuilder<Message> _ body: @escaping (Input) -> Subscriptions<Message>
     ) -> Subscriptions<Message> {
-        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: .input(body))))
+        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: body)))
     }
 
     /// A memoized part whose body is given its key and input: the same as
@@ -273,7 +273,7 @@ extension Subscriptions {
         _ key: Key, _ input: Input,
         @SubscriptionsBuilder<Message> _ body: @escaping (Key, Input) -> Subscriptions<Message>
     ) -> Subscriptions<Message> {
-        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: .keyed(body))))
+        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, keyedBody: body)))
     }
 }
 
@@ -335,18 +335,24 @@ struct GroupKey: Hashable {
 final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>: GroupNode<Message> {
     @usableFromInline let keyValue: Key
     @usableFromInline let value: Input
-    @usableFromInline let body: Body
+    // The body, given its input or its key and input (one is set).
+    // Function types have one layout whatever their types: destroying a
+    // node needs no metadata for them, as it would for an enum of the two.
+    @usableFromInline let body: ((Input) -> Subscriptions<Message>)?
+    @usableFromInline let keyedBody: ((Key, Input) -> Subscriptions<Message>)?
 
-    /// A group's body: given its input, or its key and input.
-    @usableFromInline enum Body {
-        case input((Input) -> Subscriptions<Message>)
-        case keyed((Key, Input) -> Subscriptions<Message>)
-    }
-
-    @inlinable init(key: Key, input: Input, body: Body) {
+    @inlinable init(key: Key, input: Input, body: @escaping (Input) -> Subscriptions<Message>) {
         self.keyValue = key
         self.value = input
         self.body = body
+        self.keyedBody = nil
+    }
+
+    @inlinable init(key: Key, input: Input, keyedBody: @escaping (Key, Input) -> Subscriptions<Message>) {
+        self.keyValue = key
+        self.value = input
+        self.body = nil
+        self.keyedBody = keyedBody
     }
 
     override var key: GroupKey {
@@ -384,10 +390,8 @@ final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>:
 
     override var keyDescription: String { "\(keyValue)" }
     override func build() -> Subscriptions<Message> {
-        switch body {
-        case .input(let body): return body(value)
-        case .keyed(let body): return body(keyValue, value)
-        }
+        if let body { return body(value) }
+        return keyedBody!(keyValue, value)
     }
 }
 
