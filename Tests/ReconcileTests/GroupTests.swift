@@ -289,4 +289,55 @@ func grouped(_ list: [Spec], cuts: [Int], nestEvery: Int, counter: BuildCounter)
         #expect(r.reconcile(set(versions)).isEmpty)
         #expect(counter.builds == 0)
     }
+
+    /// Groups whose inputs rarely change, reordered, removed, inserted and
+    /// duplicated (the same key twice), flat or under an outer group: the
+    /// skipped ones count as kept wherever they moved, and every plan is
+    /// the flat reference's. At least a quarter of the groups are skipped
+    /// (positional or not).
+    @Test(arguments: Array(1...6) as [UInt64])
+    func movedGroupsAreSkippedAndPlanLikeTheFlatReference(seed: UInt64) {
+        var rng = SplitMix64(seed: seed)
+        let reconciler = Reconciler<Int>()
+        var reference = ReferenceReconciler()
+        let counter = BuildCounter()
+        // Group k's specs: fixed but for a version that changes now and then.
+        var versions = Array(repeating: 0, count: 10)
+        func specs(_ k: Int, _ v: Int) -> [Spec] {
+            (0..<3).map { i in
+                Spec(isTimer: true, key: k * 10 + i, interval: i == 0 ? [10, 20, 50][v % 3] : 10, clock: .monotonic, topic: "")
+            }
+        }
+        var order = Array(0..<10)
+        var walks = 0
+        for step in 0..<600 {
+            switch Int.random(in: 0..<6, using: &rng) {
+            case 0: order.shuffle(using: &rng)
+            case 1: if !order.isEmpty { order.remove(at: Int.random(in: 0..<order.count, using: &rng)) }
+            case 2: order.insert(Int.random(in: 0..<10, using: &rng), at: Int.random(in: 0...order.count, using: &rng))
+            case 3: versions[Int.random(in: 0..<10, using: &rng)] += 1
+            case 4: if order.count > 1 { order.swapAt(0, order.count - 1) }
+            default: break
+            }
+            let nested = step % 50 >= 25
+            let current = order, vs = versions
+            let inner = Subscriptions<Int> {
+                for k in current {
+                    Subscriptions.group(k, vs[k]) { k, v in
+                        let _ = counter.builds += 1
+                        specs(k, v).map { $0.subscription() }
+                    }
+                }
+            }
+            let set = nested ? Subscriptions.group("outer", step) { _ in inner } : inner
+            walks += current.count
+            let plan = reconciler.reconcile(set)
+            let expected = reference.reconcile(current.flatMap { specs($0, vs[$0]) })
+            #expect(plan == expected, "seed \(seed) step \(step)")
+            if plan != expected { return }
+        }
+        // Groups with a duplicate key or duplicate subscriptions are always
+        // built; the others are skipped unless their version changed.
+        #expect(counter.builds * 4 < walks * 3)
+    }
 }
