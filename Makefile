@@ -73,8 +73,8 @@ stress: deps
 	$(SWIFT) build -c release --product reconcile-probe $(SWIFTFLAGS)
 	FUZZ_SECONDS=$(FUZZ_SECONDS) ./scripts/stress.sh all
 
-# The API reference (DocC) of Reconcile, ReconcileTesting, ReconcileSystemd
-# and ReconcileTranscript as a static site in .build/docs/site.
+# The API reference (DocC) of Reconcile, ReconcileTesting, ReconcileReplay,
+# ReconcileSystemd and ReconcileTranscript as a static site in .build/docs/site.
 docs: deps
 	SWIFT=$(SWIFT) ./scripts/docs.sh
 

@@ -12,10 +12,15 @@ let package = Package(
         .library(name: "ReconcileTesting", targets: ["ReconcileTesting"]),
         .library(name: "ReconcileSystemd", targets: ["ReconcileSystemd"]),
         .library(name: "ReconcileTranscript", targets: ["ReconcileTranscript"]),
+        .library(name: "ReconcileReplay", targets: ["ReconcileReplay"]),
     ],
     targets: [
         .target(name: "Reconcile", swiftSettings: strict),
-        .target(name: "ReconcileTesting", dependencies: ["Reconcile", "ReconcileTranscript"], swiftSettings: strict),
+        // The Swift Testing helpers; re-exports ReconcileReplay.
+        .target(name: "ReconcileTesting", dependencies: ["Reconcile", "ReconcileReplay"], swiftSettings: strict),
+        // The virtual driver, transcript reading and replay, without Swift
+        // Testing: what a shipped binary's `--replay` needs.
+        .target(name: "ReconcileReplay", dependencies: ["Reconcile", "ReconcileTranscript"], swiftSettings: strict),
         // Transcripts as JSON Lines: the encoder the recorder and replay share.
         .target(name: "ReconcileTranscript", dependencies: ["Reconcile"], swiftSettings: strict),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
@@ -35,7 +40,7 @@ let package = Package(
         // The connectivity indicator: its pure program (tested with the
         // virtual driver) and the executable that runs it.
         .target(name: "IndicatorCore", dependencies: ["Reconcile"], swiftSettings: strict),
-        .executableTarget(name: "connectivity-indicator", dependencies: ["IndicatorCore", "Reconcile", "ReconcileSystemd", "ReconcileTesting"],
+        .executableTarget(name: "connectivity-indicator", dependencies: ["IndicatorCore", "Reconcile", "ReconcileSystemd", "ReconcileReplay"],
                           swiftSettings: strict),
         .testTarget(name: "IndicatorTests", dependencies: ["IndicatorCore", "Reconcile", "ReconcileTesting"],
                     exclude: ["Transcripts"], swiftSettings: strict),

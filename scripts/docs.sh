@@ -1,6 +1,6 @@
 #!/bin/sh
 # Builds the API reference of the library modules (Reconcile,
-# ReconcileTesting, ReconcileSystemd, ReconcileTranscript) into one static site with the
+# ReconcileTesting, ReconcileReplay, ReconcileSystemd, ReconcileTranscript) into one static site with the
 # toolchain's `docc`: symbol graphs come from the compiler
 # (-emit-symbol-graph) in a separate scratch path, so the regular build is
 # not disturbed. Fails on any docc warning and on any public symbol without
@@ -9,7 +9,7 @@ set -eu
 SWIFT=${SWIFT:-swift}
 out=.build/docs
 graphs=$PWD/$out/symbol-graphs
-modules="Reconcile ReconcileTesting ReconcileSystemd ReconcileTranscript"
+modules="Reconcile ReconcileTesting ReconcileReplay ReconcileSystemd ReconcileTranscript"
 mkdir -p "$graphs"
 for product in ReconcileTesting ReconcileSystemd; do
     "$SWIFT" build --scratch-path "$out/build" --product "$product" \

@@ -10,6 +10,7 @@ need dbus-daemon
 need systemd
 need jq
 need strace
+need binutils
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" != 0 ]; then
     echo "missing packages:$missing (run as root or install them)" >&2

@@ -5,37 +5,63 @@ import Reconcile
 // group (its first subscription, a timer, gets another interval: one retune).
 // Every implementation computes the whole desired set from its model on every
 // reconcile, as a program's `subscriptions(model)` does, and reconciles it
-// with our `Reconciler` (the plan only, no driver).
+// with our `Reconciler` (the plan only, no driver). A group's model is its
+// size and a version; its input is that model.
 //
-// - `groups`: `Subscriptions.group(g, version[g]) { … }` per group; an
-//   unchanged group is neither built nor diffed.
+// - `groups`: `Subscriptions.group(g, model[g]) { m in … }` per group, the
+//   body capturing its key `g` (one closure context per group and build);
+//   an unchanged group is neither built nor diffed.
+// - `groups, keyed body`: `Subscriptions.group(g, model[g]) { g, m in … }`,
+//   the body given its key: it captures nothing (no closure context).
+// - `groups, nested 32 × 32`: 32 outer groups whose input is their 32
+//   groups' models (an array: unchanged, the same buffer, compared in one
+//   step), each holding its 32 keyed groups; one change builds one outer
+//   body and one inner body, and skips 31 + 31 groups.
 // - `rebuild-all`: today's API without groups: all subscriptions built and
 //   diffed on every reconcile.
 // - `hand-cached`: the program caches each group's built array itself and
 //   rebuilds only the changed one, then hands over the concatenated flat
 //   set: building is saved, diffing all of it is not.
-// - `groups, none changed`: the model changed but no group did: every
-//   group is skipped (the per-group skip cost is this ÷ groups).
+// - `… none changed`: the model changed but no group did: every group is
+//   skipped (the per-group skip cost is this ÷ groups).
 
-/// Group `g`'s subscriptions in `version` (the first one's variant).
-func groupSubscriptions(_ g: Int, perGroup: Int, version: Int) -> [Subscription<BenchMessage>] {
+/// One group's part of the model: its input.
+struct GroupModel: Equatable {
+    var size: Int
+    var version: Int
+}
+
+/// Group `g`'s subscriptions for `model` (the version is the first one's variant).
+func groupSubscriptions(_ g: Int, _ model: GroupModel) -> [Subscription<BenchMessage>] {
     var subs: [Subscription<BenchMessage>] = []
-    subs.reserveCapacity(perGroup)
-    let base = g * perGroup
-    for i in 0..<perGroup { subs.append(makeSubscription(base + i, variant: i == 0 ? version & 1 : 0)) }
+    subs.reserveCapacity(model.size)
+    let base = g * model.size
+    for i in 0..<model.size { subs.append(makeSubscription(base + i, variant: i == 0 ? model.version & 1 : 0)) }
     return subs
 }
 
+/// Groups per outer group in the nested cases.
+let nestedFanOut = 32
+
 final class GroupsCase: Benchmark {
     enum Kind: String, CaseIterable {
-        case groups, rebuildAll = "rebuild-all", handCached = "hand-cached", unchanged = "groups, none changed"
+        case groups, keyed = "groups, keyed body", nested = "groups, nested 32 × 32"
+        case rebuildAll = "rebuild-all", handCached = "hand-cached"
+        case unchanged = "groups, none changed", keyedUnchanged = "groups, keyed body, none changed"
+        case nestedUnchanged = "groups, nested 32 × 32, none changed"
+
+        var changesNothing: Bool { self == .unchanged || self == .keyedUnchanged || self == .nestedUnchanged }
+        var isNested: Bool { self == .nested || self == .nestedUnchanged }
     }
 
     let kind: Kind
     let groups: Int
     let perGroup: Int
     var reconciler = Reconciler<BenchMessage>()
-    var versions: [Int] = []
+    /// The model: one entry per group; for the nested cases, in chunks of
+    /// `nestedFanOut` (an outer group's input).
+    var models: [GroupModel] = []
+    var chunks: [[GroupModel]] = []
     var cache: [[Subscription<BenchMessage>]] = []
     var lastPlan = Plan()
 
@@ -45,22 +71,35 @@ final class GroupsCase: Benchmark {
         self.perGroup = perGroup
     }
 
-    /// The desired set for the current versions, as the program builds it.
+    /// The desired set for the current model, as the program builds it.
     func desired() -> Subscriptions<BenchMessage> {
-        let perGroup = self.perGroup
         switch kind {
         case .groups, .unchanged:
             return Subscriptions {
                 for g in 0..<groups {
-                    Subscriptions.group(g, versions[g]) { v in
-                        Subscriptions(groupSubscriptions(g, perGroup: perGroup, version: v))
+                    Subscriptions.group(g, models[g]) { m in Subscriptions(groupSubscriptions(g, m)) }
+                }
+            }
+        case .keyed, .keyedUnchanged:
+            return Subscriptions {
+                for g in 0..<groups {
+                    Subscriptions.group(g, models[g]) { g, m in Subscriptions(groupSubscriptions(g, m)) }
+                }
+            }
+        case .nested, .nestedUnchanged:
+            return Subscriptions {
+                for o in chunks.indices {
+                    Subscriptions.group(o, chunks[o]) { o, chunk in
+                        for i in chunk.indices {
+                            Subscriptions.group(o * nestedFanOut + i, chunk[i]) { g, m in Subscriptions(groupSubscriptions(g, m)) }
+                        }
                     }
                 }
             }
         case .rebuildAll:
             var all: [Subscription<BenchMessage>] = []
             all.reserveCapacity(groups * perGroup)
-            for g in 0..<groups { all.append(contentsOf: groupSubscriptions(g, perGroup: perGroup, version: versions[g])) }
+            for g in 0..<groups { all.append(contentsOf: groupSubscriptions(g, models[g])) }
             return Subscriptions(all)
         case .handCached:
             var all: [Subscription<BenchMessage>] = []
@@ -72,16 +111,18 @@ final class GroupsCase: Benchmark {
 
     func setUp() {
         reconciler = Reconciler()
-        versions = Array(repeating: 0, count: groups)
-        if kind == .handCached { cache = (0..<groups).map { groupSubscriptions($0, perGroup: perGroup, version: 0) } }
+        models = Array(repeating: GroupModel(size: perGroup, version: 0), count: groups)
+        chunks = stride(from: 0, to: groups, by: nestedFanOut).map { Array(models[$0..<min(groups, $0 + nestedFanOut)]) }
+        if kind == .handCached { cache = (0..<groups).map { groupSubscriptions($0, models[$0]) } }
         reconciler.reconcile(desired())
     }
 
     func run(_ iteration: Int) -> Int {
-        if kind != .unchanged {
+        if !kind.changesNothing {
             let g = (iteration &* 7919) % groups
-            versions[g] &+= 1
-            if kind == .handCached { cache[g] = groupSubscriptions(g, perGroup: perGroup, version: versions[g]) }
+            models[g].version &+= 1
+            if kind.isNested { chunks[g / nestedFanOut][g % nestedFanOut].version &+= 1 }
+            if kind == .handCached { cache[g] = groupSubscriptions(g, models[g]) }
         }
         lastPlan = reconciler.reconcile(desired())
         return lastPlan.kept
@@ -90,6 +131,7 @@ final class GroupsCase: Benchmark {
     func tearDown() {
         reconciler = Reconciler()
         cache = []
+        chunks = []
     }
 }
 
@@ -103,15 +145,16 @@ func groupsBenchmark(groups: Int, perGroup: Int, budget: Budget, into records: i
         var b = budget
         if kind == .rebuildAll || kind == .handCached { b.minRuns = min(b.minRuns, 5) }
         let m = measure(bench, b)
-        let expectedKept = kind == .unchanged ? size : size - 1
-        if bench.lastPlan.kept != expectedKept || (kind != .unchanged && bench.lastPlan.steps.count != 1) {
-            warn("groups \(kind.rawValue): kept \(bench.lastPlan.kept), steps \(bench.lastPlan.steps.count); expected \(expectedKept) and \(kind == .unchanged ? 0 : 1)")
+        let expectedKept = kind.changesNothing ? size : size - 1
+        if bench.lastPlan.kept != expectedKept || bench.lastPlan.steps.count != (kind.changesNothing ? 0 : 1) {
+            warn("groups \(kind.rawValue): kept \(bench.lastPlan.kept), steps \(bench.lastPlan.steps.count); expected \(expectedKept) and \(kind.changesNothing ? 0 : 1)")
         }
         medians[kind] = m.median
         var r = Record(benchmark: "groups", implementation: kind.rawValue, size: size, churn: nil, unit: "reconcile",
                        runs: m.runs, medianNanos: m.median, p99Nanos: m.p99, perSubscription: false,
                        allocations: m.allocationsPerRun)
-        if kind == .unchanged { r.extra.append(("ns_per_skipped_group", m.median / Double(groups))) }
+        if kind == .unchanged || kind == .keyedUnchanged { r.extra.append(("ns_per_skipped_group", m.median / Double(groups))) }
+        if kind == .nestedUnchanged { r.extra.append(("ns_per_unchanged_group", m.median / Double(groups))) }
         records.append(r)
         progress("groups \(kind.rawValue): \(duration(m.median))")
     }

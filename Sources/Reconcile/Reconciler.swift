@@ -78,17 +78,22 @@ final class GroupMemo {
     let parent: GroupMemo?
     /// The reconciler's owner link (entries reach it through their group).
     let link: OwnerLink
-    /// The group as last given (its key and input).
-    var node: GroupIdentity?
+    /// The group as last built (its key and input), and the same unretained
+    /// (read on the skip path without reference counting).
+    private(set) var node: GroupIdentity?
+    private(set) var nodeRef: Unmanaged<GroupIdentity>?
     /// Maps the group's messages to its parent's (nil: the same type).
     var forward: ((Any) -> Any)?
     /// The entries in desired order, unretained: the active table holds
     /// them, and an entry leaves every order before it leaves the table.
     var order: ContiguousArray<Unmanaged<ActiveSource>> = []
     var children: [GroupKey: GroupMemo] = [:]
-    /// The nested groups in the order last walked, for positional lookup.
-    var childOrder: [GroupMemo] = []
-    var newChildOrder: [GroupMemo] = []
+    /// The nested groups in the order last walked, for positional lookup
+    /// (unretained: `children` holds them).
+    var childOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
+    /// The new child order, built only from where it first differs.
+    var newChildOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
+    var childBuilding = false
     var childCursor = 0
     /// Entries claimed by this group and its nested groups.
     var subtreeCount = 0
@@ -114,12 +119,22 @@ final class GroupMemo {
         self.key = key
         self.parent = parent
         self.link = parent.link
+        self.occurrence = key?.occurrence ?? 0
+    }
+
+    /// Which occurrence of its key among its siblings this group is.
+    let occurrence: Int
+
+    func setNode(_ node: GroupIdentity) {
+        self.node = node
+        nodeRef = .passUnretained(node)
     }
 
     init(link: OwnerLink) {
         self.key = nil
         self.parent = nil
         self.link = link
+        self.occurrence = 0
     }
 
     /// `message` (of this group's type) mapped up to the runtime's type.
@@ -214,7 +229,9 @@ final class ReconcileEngine {
     private var kept = 0
     private var duplicates: [SubscriptionID] = []
     private var current: GroupMemo
-    private var forwards: [(Any) -> Any] = []
+    private var forwards: [(Any) -> Any] = [] { didSet { mapping = !forwards.isEmpty } }
+    /// `!forwards.isEmpty`, read on the skip path (a plain load).
+    private var mapping = false
     private var scans: [(memo: GroupMemo, order: ContiguousArray<Unmanaged<ActiveSource>>, from: Int)] = []
     /// Entries a new entry took the place of in their group's order
     /// (stopped unless claimed elsewhere in this reconcile).
@@ -241,7 +258,7 @@ final class ReconcileEngine {
         duplicates = []
         notPure = []
         begin(root)
-        walk(desired.parts)
+        walk(unsafeBitCast(desired, to: Subscriptions<Erased>.self))
         finish(root)
         collectStops()
         if !records.starts.isEmpty { lastStarts = records.starts.count }
@@ -254,26 +271,44 @@ final class ReconcileEngine {
 
     // MARK: Walking the desired set
 
-    func walk<M>(_ parts: [SubscriptionsPart<M>]) {
-        for part in parts {
-            switch part {
-            case .items(let items):
-                items.withUnsafeBufferPointer { buffer in
-                    guard let base = buffer.baseAddress else { return }
-                    let cores = UnsafeRawPointer(base).assumingMemoryBound(to: SubscriptionCore.self)
-                    walkItems(UnsafeBufferPointer(start: cores, count: buffer.count))
-                }
-            case .group(let node):
-                walkGroup(node)
-            case .mapped(let node):
-                node.walk(self)
+    /// The message type the walk sees. A set's parts hold only references
+    /// (arrays, nodes) whatever the message type, so `Subscriptions<M>` has
+    /// the layout of `Subscriptions<Erased>`; the walk reads them so, without
+    /// value witnesses, and calls nodes only through their class methods
+    /// (whose convention does not depend on the type argument).
+    typealias Erased = Never
+
+    private func walk(_ set: Subscriptions<Erased>) {
+        switch set.storage {
+        case nil: return
+        case .one(let part)?: walk(part)
+        case .many(let parts)?: walk(parts)
+        }
+    }
+
+    private func walk(_ parts: [SubscriptionsPart<Erased>]) {
+        for i in parts.indices { walk(parts[i]) }
+    }
+
+    private func walk(_ part: SubscriptionsPart<Erased>) {
+        switch part {
+        case .items(let items):
+            items.withUnsafeBufferPointer { buffer in
+                guard let base = buffer.baseAddress else { return }
+                let cores = UnsafeRawPointer(base).assumingMemoryBound(to: SubscriptionCore.self)
+                walkItems(UnsafeBufferPointer(start: cores, count: buffer.count))
             }
+        case .group(let node):
+            // The set holds the node for the walk: no reference counting.
+            Unmanaged.passUnretained(node)._withUnsafeGuaranteedRef { walkGroup($0) }
+        case .mapped(let node):
+            node.walk(self)
         }
     }
 
     func walk<M>(_ parts: [SubscriptionsPart<M>], forward: @escaping (Any) -> Any) {
         forwards.append(forward)
-        walk(parts)
+        walk(unsafeBitCast(parts, to: [SubscriptionsPart<Erased>].self))
         forwards.removeLast()
     }
 
@@ -421,53 +456,105 @@ final class ReconcileEngine {
         memo.newOrder.reserveCapacity(max(memo.order.count, count + 1))
     }
 
-    private func walkGroup<M>(_ node: GroupNode<M>) {
+    private func walkGroup(_ node: GroupNode<Erased>) {
+        if skipInPlace(node) { return }
         let parent = current
-        var key = node.key
         var found: GroupMemo?
-        // Positional first: groups usually come in the same order.
+        var match = 0
+        // Positional first: groups usually come in the same order, and a
+        // group in its place is compared (key and input, typed) in one call
+        // without hashing its key.
         if parent.childCursor < parent.childOrder.count {
-            let m = parent.childOrder[parent.childCursor]
-            if let k = m.key, k == key, m.walkEpoch != epoch {
-                found = m
-                parent.childCursor += 1
+            let m = parent.childOrder[parent.childCursor].takeUnretainedValue()
+            if let last = m.node, m.occurrence == 0, m.walkEpoch != epoch {
+                match = node.match(last)
+                if match != 0 {
+                    found = m
+                    parent.childCursor += 1
+                }
             }
         }
         if found == nil {
+            var key = node.key
             found = parent.children[key]
             while let m = found, m.walkEpoch == epoch {
                 key.occurrence += 1
                 found = parent.children[key]
             }
+            if let m = found {
+                match = m.node.map { node.match($0) } ?? 1
+            } else {
+                let m = GroupMemo(key: key, parent: parent)
+                parent.children[key] = m
+                found = m
+            }
         }
-        let memo: GroupMemo
-        if let found { memo = found } else {
-            memo = GroupMemo(key: key, parent: parent)
-            parent.children[key] = memo
-        }
-        parent.visited += 1
-        parent.newChildOrder.append(memo)
-        memo.forward = composedForward()
-        let same = found != nil && memo.rebuildEpoch != epoch && memo.subtreeDuplicates == 0
-            && memo.node.map { $0.inputEquals(node) } == true
+        let memo = found!
+        placeChild(.passUnretained(memo), in: parent)
+        if memo.forward != nil || !forwards.isEmpty { memo.forward = composedForward() }
+        let same = match == 2 && memo.rebuildEpoch != epoch && memo.subtreeDuplicates == 0
         memo.walkEpoch = epoch
         if same && !verifiesGroups {
             memo.skipEpoch = epoch
             kept += memo.subtreeCount
             return
         }
-        memo.node = node
+        memo.setNode(node)
         let saved = forwards
         forwards = []
         let before = changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count
         begin(memo)
-        walk(node.build().parts)
+        walk(node.build())
         finish(memo)
         current = parent
         forwards = saved
         if same && before != changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count {
-            notPure.append(key.node.keyDescription)
+            notPure.append(memo.key?.node.keyDescription ?? "")
         }
+    }
+
+    /// The common case, without reference counting: the group in its
+    /// place among its parent's, with the same key and an equal input, no
+    /// message mapping and nothing that forces a build. Skips it and
+    /// returns true; otherwise changes nothing and returns false.
+    @inline(__always)
+    private func skipInPlace(_ node: GroupNode<Erased>) -> Bool {
+        guard !verifiesGroups && !mapping else { return false }
+        let epoch = self.epoch
+        return Unmanaged.passUnretained(current)._withUnsafeGuaranteedRef { parent -> Bool in
+            let i = parent.childCursor
+            guard i < parent.childOrder.count else { return false }
+            let u = parent.childOrder[i]
+            let skipped = u._withUnsafeGuaranteedRef { m -> Bool in
+                guard m.walkEpoch != epoch, m.occurrence == 0, m.forward == nil, m.rebuildEpoch != epoch,
+                      m.subtreeDuplicates == 0, let last = m.nodeRef,
+                      last._withUnsafeGuaranteedRef({ node.match($0) }) == 2
+                else { return false }
+                m.walkEpoch = epoch
+                m.skipEpoch = epoch
+                kept += m.subtreeCount
+                return true
+            }
+            guard skipped else { return false }
+            parent.childCursor = i + 1
+            placeChild(u, in: parent)
+            return true
+        }
+    }
+
+    /// Puts `child` at the next position of `parent`'s new child order;
+    /// while that order equals the old one, nothing is written.
+    @inline(__always)
+    private func placeChild(_ child: Unmanaged<GroupMemo>, in parent: GroupMemo) {
+        let i = parent.visited
+        parent.visited = i + 1
+        if !parent.childBuilding {
+            if i < parent.childOrder.count && parent.childOrder[i].toOpaque() == child.toOpaque() { return }
+            parent.childBuilding = true
+            parent.newChildOrder.removeAll(keepingCapacity: true)
+            parent.newChildOrder.append(contentsOf: parent.childOrder[0..<i])
+        }
+        parent.newChildOrder.append(child)
     }
 
     private func composedForward() -> ((Any) -> Any)? {
@@ -488,7 +575,7 @@ final class ReconcileEngine {
         memo.visited = 0
         memo.ownDuplicates = 0
         memo.childCursor = 0
-        memo.newChildOrder.removeAll(keepingCapacity: true)
+        memo.childBuilding = false
         current = memo
     }
 
@@ -506,8 +593,15 @@ final class ReconcileEngine {
                 for i in from..<order.count { order[i]._withUnsafeGuaranteedRef { $0.position = UInt32(truncatingIfNeeded: i) } }
             }
         }
-        swap(&memo.childOrder, &memo.newChildOrder)
-        memo.newChildOrder.removeAll(keepingCapacity: true)
+        if memo.childBuilding || memo.visited != memo.childOrder.count {
+            if !memo.childBuilding {
+                memo.newChildOrder.removeAll(keepingCapacity: true)
+                memo.newChildOrder.append(contentsOf: memo.childOrder[0..<memo.visited])
+            }
+            swap(&memo.childOrder, &memo.newChildOrder)
+            memo.newChildOrder.removeAll(keepingCapacity: true)
+            memo.childBuilding = false
+        }
         var count = memo.order.count
         if memo.visited != memo.children.count {
             changes += 1
@@ -517,9 +611,12 @@ final class ReconcileEngine {
             }
         }
         var duplicates = memo.ownDuplicates
-        for child in memo.children.values {
-            count += child.subtreeCount
-            duplicates += child.subtreeDuplicates
+        // The children walked this time (the others have just vanished).
+        for child in memo.childOrder {
+            child._withUnsafeGuaranteedRef {
+                count += $0.subtreeCount
+                duplicates += $0.subtreeDuplicates
+            }
         }
         memo.subtreeCount = count
         memo.subtreeDuplicates = duplicates

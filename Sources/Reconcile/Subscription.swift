@@ -99,32 +99,56 @@ final class MappedTagger<Inner, Message>: Tagger<Message> {
 /// the reconciler reports it and lets the first one win. Parts of a large set
 /// can be memoized with `group(_:_:_:)`.
 public struct Subscriptions<Message> {
-    @usableFromInline var parts: [SubscriptionsPart<Message>]
+    // One reference whatever the set: a set of one part (one group, one
+    // array of subscriptions) holds it inline, with no array of parts; so
+    // copying a set (as the builder does) costs one retain.
+    @usableFromInline var storage: SubscriptionsStorage<Message>?
 
     /// The subscriptions, in the order they were given (groups are built).
     public var items: [Subscription<Message>] {
         get {
-            if parts.isEmpty { return [] }
-            if parts.count == 1, case .items(let a) = parts[0] { return a }
-            var all: [Subscription<Message>] = []
-            for p in parts { p.appendItems(to: &all) }
-            return all
+            switch storage {
+            case nil: return []
+            case .one(.items(let a))?: return a
+            case .one(let p)?:
+                var all: [Subscription<Message>] = []
+                p.appendItems(to: &all)
+                return all
+            case .many(let parts)?:
+                var all: [Subscription<Message>] = []
+                for p in parts { p.appendItems(to: &all) }
+                return all
+            }
         }
-        set { parts = newValue.isEmpty ? [] : [.items(newValue)] }
+        set { storage = newValue.isEmpty ? nil : .one(.items(newValue)) }
     }
 
     /// A set of `items`.
-    public init(_ items: [Subscription<Message>]) { self.parts = items.isEmpty ? [] : [.items(items)] }
+    @inlinable public init(_ items: [Subscription<Message>]) {
+        storage = items.isEmpty ? nil : .one(.items(items))
+    }
 
     /// A set built with the result builder.
     public init(@SubscriptionsBuilder<Message> _ build: () -> Subscriptions<Message>) {
         self = build()
     }
 
-    init(parts: [SubscriptionsPart<Message>]) { self.parts = parts }
+    /// A set of one part.
+    @inlinable init(part: SubscriptionsPart<Message>) { storage = .one(part) }
+
+    @inlinable init() { storage = nil }
 
     /// No subscriptions.
-    public static var none: Subscriptions { Subscriptions([]) }
+    @inlinable public static var none: Subscriptions { Subscriptions() }
+
+    /// The parts in order (an array: for the paths that are not hot).
+    var parts: [SubscriptionsPart<Message>] {
+        switch storage {
+        case nil: return []
+        case .one(let p)?: return [p]
+        case .many(let parts)?: return parts
+        }
+    }
 
     /// The identities, in order.
     public var ids: [SubscriptionID] { items.map(\.id) }
@@ -136,8 +160,7 @@ public struct Subscriptions<Message> {
     /// Groups stay memoized: the mapping is applied to their messages on
     /// delivery and refreshed on every reconcile.
     public func map<Other>(_ transform: @escaping (Message) -> Other) -> Subscriptions<Other> {
-        var out: [SubscriptionsPart<Other>] = []
-        out.reserveCapacity(parts.count)
+        var out = Subscriptions<Other>()
         var pending: [SubscriptionsPart<Message>] = []
         for p in parts {
             switch p {
@@ -152,26 +175,68 @@ public struct Subscriptions<Message> {
             }
         }
         if !pending.isEmpty { out.append(.mapped(TypedMapNode(pending, transform))) }
-        return Subscriptions<Other>(parts: out)
+        return out
     }
 
     /// Appends `other`'s parts (adjacent plain parts are merged).
-    mutating func append(_ other: Subscriptions<Message>) {
-        for p in other.parts { append(p) }
+    @inlinable mutating func append(_ other: consuming Subscriptions<Message>) {
+        switch other.storage {
+        case nil: return
+        case .one(let p)?:
+            if storage == nil { self = other } else { append(p) }
+        case .many(let parts)?:
+            if storage == nil { self = other } else { for p in parts { append(p) } }
+        }
     }
 
-    mutating func append(_ part: SubscriptionsPart<Message>) {
-        if case .items(let b) = part {
-            if b.isEmpty { return }
-            if case .items(var a)? = parts.last {
+    @inlinable mutating func append(_ part: consuming SubscriptionsPart<Message>) {
+        if case .items(let b) = part, b.isEmpty { return }
+        switch storage {
+        case nil:
+            storage = .one(part)
+        case .one(let first)?:
+            if case .items(var a) = first, case .items(let b) = part {
+                storage = nil
+                a.append(contentsOf: b)
+                storage = .one(.items(a))
+            } else {
+                storage = .many([first, part])
+            }
+        case .many(var parts)?:
+            storage = nil
+            if case .items(let b) = part, case .items(var a)? = parts.last {
                 parts[parts.count - 1] = .items([])
                 a.append(contentsOf: b)
                 parts[parts.count - 1] = .items(a)
-                return
+            } else {
+                parts.append(part)
             }
+            storage = .many(parts)
         }
-        parts.append(part)
     }
+
+    /// Makes room for `count` more parts (one allocation for a `for` loop's).
+    @inlinable mutating func reserveParts(_ count: Int) {
+        guard count > 0 else { return }
+        switch storage {
+        case nil: return
+        case .one(let first)?:
+            var parts: [SubscriptionsPart<Message>] = []
+            parts.reserveCapacity(count + 1)
+            parts.append(first)
+            storage = .many(parts)
+        case .many(var parts)?:
+            storage = nil
+            parts.reserveCapacity(parts.count + count)
+            storage = .many(parts)
+        }
+    }
+}
+
+/// A set's parts: one inline, or several.
+@usableFromInline enum SubscriptionsStorage<Message> {
+    case one(SubscriptionsPart<Message>)
+    case many([SubscriptionsPart<Message>])
 }
 
 extension Subscriptions {
@@ -187,11 +252,28 @@ extension Subscriptions {
     /// document order wins. Mapping a set with groups (`map`) is applied on
     /// delivery and refreshed on every reconcile, also for skipped groups.
     /// Groups nest; keys are scoped to the enclosing group.
+    @inlinable
     public static func group<Key: Hashable & Sendable, Input: Equatable>(
         _ key: Key, _ input: Input,
         @SubscriptionsBuilder<Message> _ body: @escaping (Input) -> Subscriptions<Message>
     ) -> Subscriptions<Message> {
-        Subscriptions(parts: [.group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: body))])
+        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: body)))
+    }
+
+    /// A memoized part whose body is given its key and input: the same as
+    /// `group(_:_:_:)`, for a body that captures nothing.
+    ///
+    /// A closure that captures a value (the key, a model field) is
+    /// allocated every time the set is built, skipped or not; one that
+    /// captures nothing is not. With the key passed in, a body that follows
+    /// the rule (it depends on its key and input alone) needs no capture, so
+    /// an unchanged group costs the program one allocation instead of two.
+    @inlinable
+    public static func group<Key: Hashable & Sendable, Input: Equatable>(
+        _ key: Key, _ input: Input,
+        @SubscriptionsBuilder<Message> _ body: @escaping (Key, Input) -> Subscriptions<Message>
+    ) -> Subscriptions<Message> {
+        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, keyedBody: body)))
     }
 }
 
@@ -227,37 +309,58 @@ struct GroupKey: Hashable {
 
 /// A group as given, without its message type: key and input, compared typed.
 @usableFromInline class GroupIdentity {
+    @usableFromInline init() {}
     func keyEquals(_ other: GroupIdentity) -> Bool { fatalError("GroupIdentity.keyEquals: abstract") }
     func inputEquals(_ other: GroupIdentity) -> Bool { fatalError("GroupIdentity.inputEquals: abstract") }
     var keyDescription: String { fatalError("GroupIdentity.keyDescription: abstract") }
 }
 
 /// A memoized group as given: its key, its input, and how to build it (one
-/// object per group and reconcile).
+/// object per group and reconcile; with the body's closure context, the only
+/// allocations a group costs the program).
 @usableFromInline class GroupNode<Message>: GroupIdentity {
-    /// The key with its hash (set by the typed subclass).
+    @usableFromInline override init() {}
+    /// The key with its hash (set by the typed subclass; hashed only when
+    /// asked: a group found in its place needs no hash).
     var key: GroupKey { fatalError("GroupNode.key: abstract") }
+    /// How `last` (a node of the last reconcile) compares with this one:
+    /// 0 another key, 1 the same key, 2 the same key and an equal input
+    /// (the group may be skipped). One call on the positional path.
+    func match(_ last: GroupIdentity) -> Int { fatalError("GroupNode.match: abstract") }
     /// The group's subscriptions, built now.
     func build() -> Subscriptions<Message> { fatalError("GroupNode.build: abstract") }
 }
 
+@usableFromInline
 final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>: GroupNode<Message> {
-    let keyValue: Key
-    let value: Input
-    let body: (Input) -> Subscriptions<Message>
-    private var hashValue_: Int
+    @usableFromInline let keyValue: Key
+    @usableFromInline let value: Input
+    // The body, given its input or its key and input (one is set).
+    // Function types have one layout whatever their types: destroying a
+    // node needs no metadata for them, as it would for an enum of the two.
+    @usableFromInline let body: ((Input) -> Subscriptions<Message>)?
+    @usableFromInline let keyedBody: ((Key, Input) -> Subscriptions<Message>)?
 
-    init(key: Key, input: Input, body: @escaping (Input) -> Subscriptions<Message>) {
+    @inlinable init(key: Key, input: Input, body: @escaping (Input) -> Subscriptions<Message>) {
         self.keyValue = key
         self.value = input
         self.body = body
-        var h = Hasher()
-        h.combine(ObjectIdentifier(Key.self))
-        h.combine(key)
-        hashValue_ = h.finalize()
+        self.keyedBody = nil
     }
 
-    override var key: GroupKey { GroupKey(node: self, cachedHash: hashValue_) }
+    @inlinable init(key: Key, input: Input, keyedBody: @escaping (Key, Input) -> Subscriptions<Message>) {
+        self.keyValue = key
+        self.value = input
+        self.body = nil
+        self.keyedBody = keyedBody
+    }
+
+    override var key: GroupKey {
+        var h = Hasher()
+        h.combine(ObjectIdentifier(Key.self))
+        h.combine(keyValue)
+        return GroupKey(node: self, cachedHash: h.finalize())
+    }
 
     override func keyEquals(_ other: GroupIdentity) -> Bool {
         if ObjectIdentifier(type(of: other)) == ObjectIdentifier(TypedGroupNode.self) {
@@ -275,8 +378,21 @@ final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>:
         return o.value == value
     }
 
+    override func match(_ last: GroupIdentity) -> Int {
+        if ObjectIdentifier(type(of: last)) == ObjectIdentifier(TypedGroupNode.self) {
+            let o = unsafeDowncast(last, to: TypedGroupNode.self)
+            guard o.keyValue == keyValue else { return 0 }
+            return o.value == value ? 2 : 1
+        }
+        guard keyEquals(last) else { return 0 }
+        return inputEquals(last) ? 2 : 1
+    }
+
     override var keyDescription: String { "\(keyValue)" }
-    override func build() -> Subscriptions<Message> { body(value) }
+    override func build() -> Subscriptions<Message> {
+        if let body { return body(value) }
+        return keyedBody!(keyValue, value)
+    }
 }
 
 /// Lets groups of different message types compare keys and inputs.
@@ -325,30 +441,51 @@ final class TypedMapNode<Inner, Message>: MapNode<Message> {
 @resultBuilder
 public enum SubscriptionsBuilder<Message> {
     /// One subscription.
-    public static func buildExpression(_ s: Subscription<Message>) -> Subscriptions<Message> { Subscriptions([s]) }
+    @inlinable public static func buildExpression(_ s: Subscription<Message>) -> Subscriptions<Message> { Subscriptions([s]) }
     /// An optional subscription (nothing when nil).
-    public static func buildExpression(_ s: Subscription<Message>?) -> Subscriptions<Message> { Subscriptions(s.map { [$0] } ?? []) }
+    @inlinable public static func buildExpression(_ s: Subscription<Message>?) -> Subscriptions<Message> { Subscriptions(s.map { [$0] } ?? []) }
     /// A nested set, in order.
-    public static func buildExpression(_ s: Subscriptions<Message>) -> Subscriptions<Message> { s }
+    @inlinable public static func buildExpression(_ s: Subscriptions<Message>) -> Subscriptions<Message> { s }
     /// An array of subscriptions, in order.
-    public static func buildExpression(_ s: [Subscription<Message>]) -> Subscriptions<Message> { Subscriptions(s) }
+    @inlinable public static func buildExpression(_ s: [Subscription<Message>]) -> Subscriptions<Message> { Subscriptions(s) }
     /// The statements' subscriptions, in order.
-    public static func buildBlock(_ parts: Subscriptions<Message>...) -> Subscriptions<Message> { concatenate(parts) }
+    @inlinable public static func buildBlock(_ parts: Subscriptions<Message>...) -> Subscriptions<Message> { concatenate(parts) }
+    /// One statement's subscriptions (a `for` body: no array of one).
+    @inlinable public static func buildBlock(_ part: Subscriptions<Message>) -> Subscriptions<Message> { part }
     /// An `if` without `else`.
-    public static func buildOptional(_ part: Subscriptions<Message>?) -> Subscriptions<Message> { part ?? .none }
+    @inlinable public static func buildOptional(_ part: Subscriptions<Message>?) -> Subscriptions<Message> { part ?? .none }
     /// The first branch of an `if`/`else` or `switch`.
-    public static func buildEither(first: Subscriptions<Message>) -> Subscriptions<Message> { first }
+    @inlinable public static func buildEither(first: Subscriptions<Message>) -> Subscriptions<Message> { first }
     /// The second branch of an `if`/`else` or `switch`.
-    public static func buildEither(second: Subscriptions<Message>) -> Subscriptions<Message> { second }
+    @inlinable public static func buildEither(second: Subscriptions<Message>) -> Subscriptions<Message> { second }
     /// A `for` loop's subscriptions, in order.
-    public static func buildArray(_ parts: [Subscriptions<Message>]) -> Subscriptions<Message> { concatenate(parts) }
+    @inlinable public static func buildArray(_ parts: consuming [Subscriptions<Message>]) -> Subscriptions<Message> { concatenate(parts) }
     /// An `if #available` branch.
-    public static func buildLimitedAvailability(_ part: Subscriptions<Message>) -> Subscriptions<Message> { part }
+    @inlinable public static func buildLimitedAvailability(_ part: Subscriptions<Message>) -> Subscriptions<Message> { part }
 
-    static func concatenate(_ parts: [Subscriptions<Message>]) -> Subscriptions<Message> {
+    @inlinable static func concatenate(_ parts: consuming [Subscriptions<Message>]) -> Subscriptions<Message> {
         if parts.count == 1 { return parts[0] }
-        var all = Subscriptions<Message>.none
-        for p in parts { all.append(p) }
+        var all = Subscriptions<Message>()
+        // The sets are moved out of the array (it is the builder's, given
+        // up): their parts change owner without reference counting. The
+        // first non-empty set is taken as is; room for the others' parts
+        // is reserved once.
+        parts.withUnsafeMutableBufferPointer { sets in
+            guard let base = sets.baseAddress else { return }
+            var i = 0
+            while i < sets.count && sets[i].storage == nil { i += 1 }
+            guard i < sets.count else { return }
+            all = (base + i).move()
+            (base + i).initialize(to: Subscriptions())
+            all.reserveParts(sets.count - i - 1)
+            i += 1
+            while i < sets.count {
+                let next = (base + i).move()
+                (base + i).initialize(to: Subscriptions())
+                all.append(next)
+                i += 1
+            }
+        }
         return all
     }
 }

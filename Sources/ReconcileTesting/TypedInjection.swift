@@ -44,9 +44,6 @@ func find<S: Source>(
     return found[0]
 }
 
-/// Whether `event` is of the `Event` type of `kind`.
-func accepts<S: Source>(_ kind: S.Type, _ event: Any) -> Bool { event is S.Event }
-
 extension ProgramTester {
     /// The desired subscription of kind `S` keyed by `key`, or nil (with a
     /// recorded issue) when the model does not want it.

@@ -3,7 +3,7 @@
 import Glibc
 import IndicatorCore
 import Reconcile
-import ReconcileTesting
+import ReconcileReplay
 
 /// The command line to note in a transcript: without `--record`/`--replay`,
 /// with the config path made absolute (it is part of a subscription's

@@ -109,12 +109,6 @@ func readConfigFile(_ path: String) -> Result<String, Unreadable> {
     return .success(String(decoding: data, as: UTF8.self))
 }
 
-func nowMicros() -> Int64 {
-    var ts = timespec()
-    clock_gettime(CLOCK_REALTIME, &ts)
-    return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
-}
-
 // Block the signals first, before anything could start a thread.
 do { try Signals.block() } catch { fail("cannot block signals: \(error)") }
 
@@ -156,7 +150,7 @@ do {
     }
     var last: String?
     daemon.didCommit = { model in
-        guard let line = renderer.render(model, now: nowMicros()), line != last else { return }
+        guard let line = renderer.render(model, now: wallClockMicroseconds()), line != last else { return }
         last = line
         out(terminal ? line : line + "\n")
     }

@@ -195,7 +195,49 @@ case "stress-churn" where args.count > 2:
     exit(stressChurn(seconds: Int(args[2]) ?? 60))
 case "forge" where args.count > 2:
     exit(forgeNetlink(to: UInt32(args[2]) ?? 0))
+case "loop-fd-limit":
+    // Out of descriptors when the loop's executor needs its eventfd: a
+    // thrown SystemdError (no trap), for an owned and a borrowed loop.
+    exit(loopAtDescriptorLimit())
 default:
-    say("usage: reconcile-probe daemon | stop-at-start | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT | maintask [nodrain] | tasks N STUBBORN GRACE_MS | stress-send THREADS MESSAGES CAPACITY | stress-churn SECONDS")
+    say("usage: reconcile-probe daemon | stop-at-start | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT | maintask [nodrain] | tasks N STUBBORN GRACE_MS | stress-send THREADS MESSAGES CAPACITY | stress-churn SECONDS | loop-fd-limit")
     exit(2)
+}
+
+/// Lowers the soft descriptor limit so that exactly `spare` more descriptors
+/// can be opened; returns the old limit.
+func limitDescriptors(spare: Int) -> rlimit {
+    var old = rlimit()
+    getrlimit(Int32(RLIMIT_NOFILE.rawValue), &old)
+    let lowest = dup(0)
+    close(lowest)
+    var tight = old
+    tight.rlim_cur = rlim_t(Int(lowest) + spare)
+    setrlimit(Int32(RLIMIT_NOFILE.rawValue), &tight)
+    return old
+}
+
+func loopAtDescriptorLimit() -> Int32 {
+    // sd_event_new takes the one spare descriptor; the executor's eventfd fails.
+    var old = limitDescriptors(spare: 1)
+    do {
+        _ = try EventLoop()
+        say("owned: created")
+    } catch {
+        say("owned: \(error)")
+    }
+    setrlimit(Int32(RLIMIT_NOFILE.rawValue), &old)
+    guard let owner = try? EventLoop() else { say("no loop"); return 1 }
+    old = limitDescriptors(spare: 0)
+    do {
+        _ = try EventLoop(borrowing: owner.handle)
+        say("borrowed: created")
+    } catch {
+        say("borrowed: \(error)")
+    }
+    setrlimit(Int32(RLIMIT_NOFILE.rawValue), &old)
+    // With descriptors again, both work.
+    let ok = (try? EventLoop()) != nil && (try? EventLoop(borrowing: owner.handle)) != nil
+    say(ok ? "recovered" : "still failing")
+    return 0
 }

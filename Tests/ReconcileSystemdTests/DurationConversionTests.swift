@@ -1,6 +1,7 @@
 import CSystemd
 import Reconcile
 @testable import ReconcileSystemd
+import Glibc
 import Testing
 
 /// A seeded generator, so a failure names a reproducible value.
@@ -81,6 +82,18 @@ extension SystemdTests {
                 // Back again: exact below Int64.max µs, "never" from there.
                 #expect(usec(d) == (u < UInt64(Int64.max) ? u : usecInfinity), "u = \(u)")
             }
+        }
+
+        /// The one wall-clock reader agrees with the system's time of day
+        /// and formats as RFC 3339 in the transcript header.
+        @Test func wallClockMicrosecondsIsTheTimeOfDay() {
+            var tv = timeval()
+            gettimeofday(&tv, nil)
+            let reference = Int64(tv.tv_sec) * 1_000_000 + Int64(tv.tv_usec)
+            let now = wallClockMicroseconds()
+            #expect(now >= reference && now - reference < 1_000_000)
+            #expect(rfc3339(micros: 1_000_000_000_123_456) == "2001-09-09T01:46:40.123456Z")
+            #expect(clockMicroseconds(CLOCK_MONOTONIC) > 0)
         }
 
         @Test func usecArithmeticSaturatesAtInfinity() {

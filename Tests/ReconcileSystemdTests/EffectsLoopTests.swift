@@ -81,6 +81,32 @@ extension SystemdTests {
             }
         }
 
+        /// The executor exists with the loop: threads that reach for it at
+        /// once, before the loop ever ran, share one, and their work runs on
+        /// the loop thread.
+        @Test func threadsReachingTheExecutorBeforeTheLoopRanShareOneAndTheirWorkRuns() throws {
+            let loop = try EventLoop()
+            nonisolated(unsafe) let shared = loop
+            let order = Order()
+            let seen = Mutex<Set<ObjectIdentifier>>([])
+            let go = DispatchGroup()
+            go.enter()
+            let threads = (0..<8).map { p in
+                Thread {
+                    go.wait()
+                    let executor = shared.executor
+                    seen.withLock { _ = $0.insert(ObjectIdentifier(executor)) }
+                    for n in 0..<100 { executor.execute { order.record(p, n) } }
+                }
+            }
+            threads.forEach { $0.start() }
+            go.leave()
+            #expect(try loop.run(until: { order.total == 800 }, timeout: .seconds(10)))
+            #expect(seen.withLock { $0 } == [ObjectIdentifier(loop.executor)])
+            #expect(order.threads.withLock { $0 } == [loop.thread])
+            #expect(loop.executor.droppedJobs == 0)
+        }
+
         @Test func anActorAdoptsTheLoopExecutorAndAssumeIsolatedWorksOnTheLoop() throws {
             let loop = try EventLoop()
             let counter = LoopCounter(executor: loop.executor)
@@ -105,7 +131,7 @@ extension SystemdTests {
         @Test(arguments: [EventLoop.Ownership.owned, .borrowed])
         func everyJobContinuationAndDeliveryOfATaskRunsOnTheLoopThread(_ ownership: EventLoop.Ownership) throws {
             let owner = try EventLoop()
-            let loop = ownership == .owned ? owner : EventLoop(borrowing: owner.handle)
+            let loop = ownership == .owned ? owner : try EventLoop(borrowing: owner.handle)
             let h = try Harness(Work(), loop: loop)
             let clock = h.runtime.clock
             for i in 0..<20 {
@@ -327,6 +353,16 @@ extension SystemdTests {
             #expect(child.line() == "task ran loop=true")
             #expect(child.line() == "resumed loop=true")
             #expect(child.wait() == 7)
+        }
+
+        /// The same probe without the main-queue drain: the task never runs
+        /// (the silent hang the drain fixes); SIGTERM still ends the daemon.
+        @Test func aLoopWhoseExecutorCannotBeCreatedIsAThrownErrorNotATrap() throws {
+            let child = try Child(probe, ["loop-fd-limit"])
+            #expect(child.line() == "owned: eventfd: Too many open files (errno 24)")
+            #expect(child.line() == "borrowed: eventfd: Too many open files (errno 24)")
+            #expect(child.line() == "recovered")
+            #expect(child.wait() == 0)
         }
 
         /// The same probe without the main-queue drain: the task never runs

@@ -12,6 +12,18 @@ extension SystemdTests {
             line.flatMap { try? JSONDecoder().decode(Line.self, from: Data($0.utf8)) }
         }
 
+        /// The shipped binary replays (`--replay`) without the test kit: it
+        /// links no Swift Testing library, dynamically or statically.
+        @Test func theShippedIndicatorLinksNoSwiftTesting() throws {
+            let needed = try #require(capture("ldd '\(indicator)'"))
+            #expect(needed.contains("libswiftCore"))
+            #expect(!needed.contains("libTesting") && !needed.contains("TestingInterop"))
+            let symbols = try #require(capture("nm '\(indicator)'"))
+            #expect(symbols.contains("replaySession"))
+            // Swift Testing's mangled module prefix.
+            #expect(!symbols.contains("s7Testing"))
+        }
+
         @Test func jsonGivesExactlyOneLinePerScriptedChange() throws {
             let child = try Child("/usr/bin/unshare", ["-n", indicator, "--format", "json", "--backend", "kernel", "--include", "veth0"])
             defer { child.signal(SIGTERM); _ = child.wait() }

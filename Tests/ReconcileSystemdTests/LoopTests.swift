@@ -134,7 +134,7 @@ extension SystemdTests {
 
         @Test func borrowedLoopIsStillUsableAfterShutdown() throws {
             let owner = try EventLoop()
-            let borrowed = EventLoop(borrowing: owner.handle)
+            let borrowed = try EventLoop(borrowing: owner.handle)
             #expect(throws: LoopError.borrowed) { try borrowed.run() }
             let h = try Harness(Timers(initial: .init(names: ["a"], interval: .milliseconds(5))), loop: borrowed)
             try h.run(until: { !h.runtime.model.ticks.isEmpty })

@@ -97,4 +97,19 @@ struct Sample: Codable, Equatable {
             #expect(!"\(e)".contains("\n"))
         }
     }
+
+    /// A transcript path that is missing, a directory or a FIFO is a
+    /// one-line error with the system's reason; a FIFO is never waited on.
+    @Test func unreadablePathsAreErrorsAndAFIFOIsNotWaitedOn() throws {
+        let dir = NSTemporaryDirectory() + "transcript-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: false)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        func error(_ path: String) -> TranscriptError? {
+            do { _ = try Transcript(contentsOf: path); return nil } catch { return error }
+        }
+        #expect(error(dir + "/missing") == .unreadable(dir + "/missing", reason: "No such file or directory"))
+        #expect(error(dir) == .unreadable(dir, reason: "Is a directory"))
+        #expect(mkfifo(dir + "/fifo", 0o600) == 0)
+        #expect(error(dir + "/fifo") == .unreadable(dir + "/fifo", reason: "not a regular file"))
+    }
 }

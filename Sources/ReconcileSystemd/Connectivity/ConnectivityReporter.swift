@@ -36,7 +36,7 @@ final class ConnectivityReporter {
     func offer(_ state: ConnectivitySource.State) {
         failure = nil
         guard let reported else {
-            emit(state, since: realtimeMicros())
+            emit(state, since: wallClockMicroseconds())
             return
         }
         guard granularity.distinguishes(reported, state) else {
@@ -46,14 +46,14 @@ final class ConnectivityReporter {
             return
         }
         guard let settle = configuration.settle else {
-            emit(state, since: realtimeMicros())
+            emit(state, since: wallClockMicroseconds())
             return
         }
         if let c = candidate, !granularity.distinguishes(c, state) {
             candidate = state   // the same candidate, newer detail: keep its start
         } else {
             candidate = state
-            candidateSince = realtimeMicros()
+            candidateSince = wallClockMicroseconds()
             armSettle(settle)
         }
     }
@@ -114,10 +114,4 @@ final class ConnectivityReporter {
         }, Unmanaged.passUnretained(self).toOpaque())
         if r >= 0 { settleTimer = EventSource(s!) } else if let c = candidate { emit(c, since: candidateSince) }
     }
-}
-
-func realtimeMicros() -> Int64 {
-    var ts = timespec()
-    clock_gettime(CLOCK_REALTIME, &ts)
-    return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
 }

@@ -43,10 +43,24 @@ final class KernelConnectivity: RunningSource {
 /// and the routes are dumped again (on the dump socket, without holding the
 /// reports back) to confirm it; see `LinkTable.adoptRouteDump`.
 /// Only messages from the kernel (sender port id 0) are believed.
+/// A dump that cannot be asked for (`sendto` fails) or that the kernel
+/// refuses is reported through `onFailure` (the program's failure event) and
+/// retried as a full resync on a loop timer with backoff (100 ms doubling to
+/// 5 s, back to 100 ms after a dump that completes); nothing is reported from
+/// the stale table meanwhile.
 final class NetlinkWatcher {
+    /// The resync retry's first delay and its ceiling (microseconds).
+    static let retryInitial: UInt64 = 100_000, retryMaximum: UInt64 = 5_000_000
+
     private let onTable: (LinkTable) -> Void
     private let onFailure: (SourceFailure) -> Void
     private let logger: Logger
+    private let loop: EventLoop
+    private var retry = Backoff(initial: NetlinkWatcher.retryInitial, maximum: NetlinkWatcher.retryMaximum)
+    private var retryTimer: EventSource?
+    /// Fault injection for tests: each dump request takes the first errno
+    /// here, if any, as `sendto`'s failure instead of reaching the kernel.
+    var injectedSendErrors: [Int32] = []
     private let fd: Int32
     private let dumpFD: Int32
     private var source: EventSource?
@@ -68,6 +82,8 @@ final class NetlinkWatcher {
     private var buffer = [UInt8](repeating: 0, count: 64 * 1024)
     /// Counters for logs and tests.
     private(set) var resyncs = 0, forged = 0
+    /// Resyncs scheduled after a failed or refused dump.
+    private(set) var retries = 0
 
     /// Opens the sockets and starts the first dumps; `onTable` gets the table
     /// after every batch that leaves no dump under way.
@@ -76,6 +92,7 @@ final class NetlinkWatcher {
         self.onTable = onTable
         self.onFailure = onFailure
         self.logger = logger
+        self.loop = loop
         let flags = Int32(SOCK_RAW.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
         fd = socket(AF_NETLINK, flags, NETLINK_ROUTE)
         try checkLibc("socket(AF_NETLINK)", fd)
@@ -122,7 +139,7 @@ final class NetlinkWatcher {
 
     /// Starts (or restarts) the three dumps into a fresh table. A socket runs
     /// one dump at a time: during a dump, the restart waits for its end.
-    private func resync() {
+    func resync() {
         guard dumping == nil else {
             resyncPending = true
             return
@@ -165,14 +182,48 @@ final class NetlinkWatcher {
         var request = dumpRequest(type: type, sequence: sequence)
         var kernel = sockaddr_nl()
         kernel.nl_family = sa_family_t(AF_NETLINK)
-        let r = withUnsafePointer(to: &kernel) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                sendto(dumpFD, &request, request.count, 0, $0, socklen_t(MemoryLayout<sockaddr_nl>.size))
+        var failed: Int32?
+        if !injectedSendErrors.isEmpty {
+            failed = injectedSendErrors.removeFirst()
+        } else {
+            let r = withUnsafePointer(to: &kernel) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    sendto(dumpFD, &request, request.count, 0, $0, socklen_t(MemoryLayout<sockaddr_nl>.size))
+                }
             }
+            if r < 0 { failed = errno }
         }
-        if r < 0 {
+        if let failed {
             dumping = nil
-            onFailure(SystemdError("sendto(netlink dump)", errno: errno).failure)
+            dumpFailed(SystemdError("sendto(netlink dump)", errno: failed).failure)
+        }
+    }
+
+    /// A dump could not be had: the table is stale. Report the failure (the
+    /// program's failure event), report nothing until a full resync has
+    /// completed, and schedule that resync with backoff.
+    private func dumpFailed(_ failure: SourceFailure) {
+        dumpQueue = []
+        routeDumpWanted = false
+        resyncing = true
+        onFailure(failure)
+        guard retryTimer == nil else { return }
+        let delay = retry.take()
+        retries += 1
+        logger.warning("connectivity: \(failure), resyncing in \(delay / 1000) ms", ["RETRY": "\(retries)"])
+        var s: OpaquePointer?
+        let r = sd_event_add_time(loop.handle, &s, CLOCK_MONOTONIC, usecAdd(loop.now(CLOCK_MONOTONIC), delay), 1000, { _, _, ud in
+            let me = Unmanaged<NetlinkWatcher>.fromOpaque(ud!).takeUnretainedValue()
+            me.retryTimer?.close()
+            me.retryTimer = nil
+            me.resync()
+            return 0
+        }, Unmanaged.passUnretained(self).toOpaque())
+        if r >= 0 {
+            retryTimer = EventSource(s!)
+        } else {
+            onFailure(SourceFailure(operation: "sd_event_add_time", code: -r,
+                                    reason: "cannot schedule the netlink resync; the kernel backend stays stale"))
         }
     }
 
@@ -236,13 +287,14 @@ final class NetlinkWatcher {
             dumping = nil
             if case .error(let code) = e.message, code != 0 {
                 guard code == ENOBUFS || code == EBUSY || code == EINTR else {
-                    onFailure(SourceFailure(operation: "netlink dump", code: code, reason: "the kernel refused the dump"))
+                    dumpFailed(SourceFailure(operation: "netlink dump", code: code, reason: "the kernel refused the dump"))
                     return
                 }
                 resyncPending = true
             }
             if resyncPending { resync(); return }
             if dumpInterrupted { sendDump(type); return }
+            retry.reset()
             if type == NL.getRoute { finishRouteDump() }
             if dumping == nil { nextDump() }
         case .route(let r, _):
@@ -284,6 +336,7 @@ final class NetlinkWatcher {
     }
 
     func stop() {
+        retryTimer?.close(); retryTimer = nil
         source?.close(); source = nil
         dumpSource?.close(); dumpSource = nil
         close(fd)

@@ -93,10 +93,8 @@ public final class TranscriptRecorder<P: Program> {
         self.logger = logger
         encoder = TranscriptEncoder(capacity: chunkSize * 2)
         shared = WriterShared(path: path, logger: logger, sizeLimit: sizeLimit, batchEncoder: writer)
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        let micros = Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
-        encoder.header(program: String(reflecting: P.self), startedAtMicros: micros, startedAt: rfc3339(ts), arguments: arguments)
+        let micros = wallClockMicroseconds()
+        encoder.header(program: String(reflecting: P.self), startedAtMicros: micros, startedAt: rfc3339(micros: micros), arguments: arguments)
         loopBytes = encoder.pendingBytes
         if writer != nil {
             header = encoder.swapOutput([])
@@ -538,10 +536,8 @@ final class Semaphore: @unchecked Sendable {
     /// is on the realtime clock, as `sem_timedwait` takes it); false when it
     /// passed.
     func wait(timeout: Duration) -> Bool {
+        let deadline = usecAdd(clockMicroseconds(CLOCK_REALTIME), usec(timeout))
         var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        let now = usecAdd(usecMultiply(UInt64(ts.tv_sec), 1_000_000), UInt64(ts.tv_nsec / 1000))
-        let deadline = usecAdd(now, usec(timeout))
         ts.tv_sec = Int(clamping: deadline / 1_000_000)
         ts.tv_nsec = Int(deadline % 1_000_000) * 1000
         while true {
@@ -552,14 +548,14 @@ final class Semaphore: @unchecked Sendable {
 }
 
 /// `2026-11-30T17:16:05.123456Z`.
-func rfc3339(_ ts: timespec) -> String {
-    var t = ts.tv_sec
+func rfc3339(micros: Int64) -> String {
+    var t = Int(micros / 1_000_000)
     var tm = Glibc.tm()
     gmtime_r(&t, &tm)
     func pad(_ v: Int32, _ n: Int) -> String {
         let s = String(v)
         return String(repeating: "0", count: max(0, n - s.count)) + s
     }
-    let micros = Int32(ts.tv_nsec / 1000)
+    let micros = Int32(micros % 1_000_000)
     return "\(pad(tm.tm_year + 1900, 4))-\(pad(tm.tm_mon + 1, 2))-\(pad(tm.tm_mday, 2))T\(pad(tm.tm_hour, 2)):\(pad(tm.tm_min, 2)):\(pad(tm.tm_sec, 2)).\(pad(micros, 6))Z"
 }

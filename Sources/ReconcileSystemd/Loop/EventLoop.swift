@@ -10,7 +10,7 @@ import Reconcile
 ///   it and detaches them on shutdown, and never runs, exits or releases it.
 ///
 /// Not thread-safe: use a loop from the thread that created it (other threads
-/// use a runtime's `Sender`).
+/// use a runtime's `Sender`, or `executor`, which any thread may use).
 public final class EventLoop {
     /// Who owns the `sd_event`.
     public enum Ownership: Sendable {
@@ -27,44 +27,49 @@ public final class EventLoop {
     /// The thread the loop belongs to (`pthread_self` of its creator).
     public let thread: UInt
 
-    /// Creates a new loop owned by this object.
+    /// Creates a new loop owned by this object, with its executor.
     /// The corresponding C function is `sd_event_new`.
+    /// - Throws: `SystemdError` if the loop, or its executor's eventfd and
+    ///   IO source, cannot be created (out of descriptors: `EMFILE`).
     public init() throws(SystemdError) {
         var e: OpaquePointer?
         try check("sd_event_new", sd_event_new(&e))
+        let thread = CSystemd_thread_id()
+        do {
+            executorSource = try LoopExecutorSource(loop: e!, thread: thread)
+        } catch {
+            sd_event_unref(e)
+            throw error
+        }
         handle = e!
         ownership = .owned
-        thread = CSystemd_thread_id()
+        self.thread = thread
     }
 
     /// Borrows a daemon's loop: sources are attached and detached, the loop
-    /// is never run, exited or released here.
-    public init(borrowing handle: OpaquePointer) {
+    /// is never run, exited or released here. The loop's executor (an
+    /// eventfd and its IO source) is added to it now.
+    /// - Throws: `SystemdError` if the executor's eventfd or IO source
+    ///   cannot be created.
+    public init(borrowing handle: OpaquePointer) throws(SystemdError) {
+        let thread = CSystemd_thread_id()
+        executorSource = try LoopExecutorSource(loop: handle, thread: thread)
         self.handle = handle
         ownership = .borrowed
-        thread = CSystemd_thread_id()
+        self.thread = thread
     }
 
     deinit {
-        executorSource?.close()
+        executorSource.close()
         if ownership == .owned { sd_event_unref(handle) }
     }
 
-    private var executorSource: LoopExecutorSource?
+    private let executorSource: LoopExecutorSource
 
-    /// The loop as a Swift executor (created on first use, on the loop's
-    /// thread): tasks preferring it and actors adopting it run on this loop.
-    /// Traps if the eventfd or its IO source cannot be created (out of fds).
-    public var executor: LoopExecutor {
-        if let s = executorSource { return s.executor }
-        do {
-            let s = try LoopExecutorSource(loop: handle, thread: thread)
-            executorSource = s
-            return s.executor
-        } catch {
-            fatalError("EventLoop.executor: \(error)")
-        }
-    }
+    /// The loop as a Swift executor, created with the loop (so it never
+    /// fails later and any thread may read it): tasks preferring it and
+    /// actors adopting it run on this loop.
+    public var executor: LoopExecutor { executorSource.executor }
 
     /// The loop as a task executor, for `Task(executorPreference:)`: the
     /// task's jobs and continuations run on this loop.
@@ -80,11 +85,7 @@ public final class EventLoop {
     /// The corresponding C function is `sd_event_now`.
     public func now(_ clock: clockid_t = CLOCK_MONOTONIC) -> UInt64 {
         var usec: UInt64 = 0
-        if sd_event_now(handle, clock, &usec) < 0 {
-            var ts = timespec()
-            clock_gettime(clock, &ts)
-            return UInt64(ts.tv_sec) * 1_000_000 + UInt64(ts.tv_nsec) / 1000
-        }
+        if sd_event_now(handle, clock, &usec) < 0 { return clockMicroseconds(clock) }
         return usec
     }
 

@@ -184,10 +184,12 @@ final class LoopQueue: Sendable {
     }
 }
 
-/// The executor's eventfd and IO source on one loop (kept by `EventLoop`).
+/// The executor's eventfd and IO source on one loop (kept by `EventLoop`,
+/// created with it). The source is the loop's own, not counted in
+/// `EventSourceAccounting` (which counts the sources runtimes start).
 final class LoopExecutorSource {
     let executor: LoopExecutor
-    private var source: EventSource?
+    private var source: OpaquePointer?
 
     init(loop: OpaquePointer, thread: UInt) throws(SystemdError) {
         let efd = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
@@ -205,13 +207,15 @@ final class LoopExecutorSource {
             throw SystemdError("sd_event_add_io", errno: -r)
         }
         self.executor = executor
-        source = EventSource(s!)
+        source = s
     }
 
     /// Detaches from the loop; later jobs are dropped (counted).
     func close() {
-        source?.close()
-        source = nil
+        if let s = source {
+            source = nil
+            sd_event_source_disable_unref(s)
+        }
         _ = executor.close()
     }
 

@@ -7,8 +7,8 @@ extension SystemdDriver: TaskDriver {
     public var clock: LoopClock { loop.clock }
 }
 
-/// Runs tasks on a loop's task executor, created on the first task (a
-/// runtime that starts none adds no sd-event source to the loop).
+/// Runs tasks on a loop's task executor (the loop made it with itself);
+/// the runner is created on the first task.
 final class LoopTaskRunner: TaskRunner {
     private let loop: EventLoop
     private var runner: ExecutorTaskRunner?

@@ -15,15 +15,17 @@ public final class SystemdDriver: Driver {
     /// by the host from `Runtime.didReconcile` (`Logger.logReconcile(_:)`), not here.
     public var logger: Logger
 
-    /// Running sources live on their tickets (`driverState`); the driver
-    /// keeps only their number.
-    private var running = 0
+    /// Running sources live on their tickets (`driverState`, an
+    /// `OwnedSource`), linked unretained into this list so `detach` and
+    /// deinit can stop the ones the runtime did not.
+    private let owned = OwnedSources()
     /// Each kind's `SystemdSource` conformance, looked up once per kind.
     private var kinds: [ObjectIdentifier: (any SystemdSource.Type)?] = [:]
     private var lastKind: (id: ObjectIdentifier, type: (any SystemdSource.Type)?)?
-    /// Stopped timer runners, armed again by later timer starts (one
-    /// allocation and one free less per timer); at most `spareTimerLimit`.
-    private var spareTimers: [TimerRunner] = []
+    /// Stopped timers (unlinked nodes holding a `TimerRunner`), armed again
+    /// by later timer starts (no allocation and no free per timer); at most
+    /// `spareTimerLimit`.
+    private var spareTimers: [OwnedSource] = []
     static let spareTimerLimit = 16_384
     private weak var host: (any DriverHost)?
     private var wakeSource: EventSource?
@@ -39,7 +41,7 @@ public final class SystemdDriver: Driver {
     }
 
     /// How many sources are running now.
-    public var runningCount: Int { running }
+    public var runningCount: Int { owned.count }
 
     /// The loop's monotonic time (`sd_event_now`: the time of the current
     /// iteration's wakeup), stamped on transcript records.
@@ -82,8 +84,7 @@ public final class SystemdDriver: Driver {
         guard let kind = systemdKind(source) else {
             if let kind = ticket.source as? any TaskBackedSource.Type {
                 // A task on the loop's executor (StreamSource).
-                ticket.driverState = TaskSourceRunner(stop: kind.startTask(ticket, executor: loop.taskExecutor))
-                running += 1
+                ticket.driverState = owned.add(TaskSourceRunner(stop: kind.startTask(ticket, executor: loop.taskExecutor)), ticket)
                 return
             }
             ticket.fail(SourceFailure(operation: "start \(ticket.id)",
@@ -91,8 +92,7 @@ public final class SystemdDriver: Driver {
             return
         }
         do {
-            ticket.driverState = try kind._start(ticket, context: SourceContext(loop: loop, logger: logger, driver: self))
-            running += 1
+            ticket.driverState = owned.add(try kind._start(ticket, context: SourceContext(loop: loop, logger: logger, driver: self)), ticket)
         } catch {
             ticket.fail(Self.failure(error, ticket))
         }
@@ -100,30 +100,22 @@ public final class SystemdDriver: Driver {
 
     /// Applies the ticket's new configuration in place; an error becomes a failure event.
     public func retune(_ ticket: SourceTicket, from old: AnyHashable) {
-        guard let state = ticket.driverState else { return }
-        if let timer = Self.timerRunner(state) {
+        guard let node = ticket.driverState as? OwnedSource else { return }
+        if let timer = Self.timerRunner(node.source) {
             guard let configuration = ticket.configuration(as: TimerSource.self) else { return }
             do { try timer.retune(to: configuration) } catch { ticket.fail(error.failure) }
             return
         }
-        guard let source = Self.runningSource(state) else { return }
+        let source = node.source
         do { try source.retune(to: ticket.configuration) } catch { ticket.fail(Self.failure(error, ticket)) }
     }
 
     /// Stops the source; it emits nothing afterwards.
     public func stop(_ ticket: SourceTicket) {
-        guard let state = ticket.driverState else { return }
-        if let timer = Self.timerRunner(state) {
-            ticket.driverState = nil
-            running -= 1
-            timer.stop()
-            if spareTimers.count < Self.spareTimerLimit { spareTimers.append(timer) }
-            return
-        }
-        guard let source = Self.runningSource(state) else { return }
+        guard let source = ticket.driverState as? OwnedSource else { return }
         ticket.driverState = nil
-        running -= 1
         source.stop()
+        if Self.timerRunner(source.source) != nil, spareTimers.count < Self.spareTimerLimit { spareTimers.append(source) }
     }
 
     /// A timer: its configuration read through the box's typed accessor, a
@@ -134,15 +126,15 @@ public final class SystemdDriver: Driver {
             ticket.fail(SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(TimerSource.Configuration.self)"))
             return
         }
-        let runner = spareTimers.popLast() ?? TimerRunner(loop: loop)
+        let node = spareTimers.popLast() ?? OwnedSource(TimerRunner(loop: loop))
         do {
-            try runner.start(ticket, configuration)
+            try unsafeDowncast(node.source as AnyObject, to: TimerRunner.self).start(ticket, configuration)
         } catch {
+            spareTimers.append(node)
             ticket.fail(error.failure)
             return
         }
-        ticket.driverState = runner
-        running += 1
+        ticket.driverState = owned.link(node, ticket)
     }
 
     /// A built-in kind other than timers, specialised for `S`.
@@ -153,20 +145,9 @@ public final class SystemdDriver: Driver {
             return
         }
         do {
-            ticket.driverState = try S.start(ticket, configuration, context: SourceContext(loop: loop, logger: logger, driver: self))
-            running += 1
+            ticket.driverState = owned.add(try S.start(ticket, configuration, context: SourceContext(loop: loop, logger: logger, driver: self)), ticket)
         } catch {
             ticket.fail(Self.failure(error, ticket))
-        }
-    }
-
-    /// `state` as a running source: the built-in runners by one compare of
-    /// their class, others through their conformance.
-    private static func runningSource(_ state: AnyObject) -> (any RunningSource)? {
-        switch ObjectIdentifier(type(of: state)) {
-        case ObjectIdentifier(FileWatchRunner.self): unsafeDowncast(state, to: FileWatchRunner.self)
-        case ObjectIdentifier(SignalRunner.self): unsafeDowncast(state, to: SignalRunner.self)
-        default: state as? any RunningSource
         }
     }
 
@@ -190,9 +171,15 @@ public final class SystemdDriver: Driver {
         return kind
     }
 
-    /// Disconnects the runtime. The runtime has stopped every source by
-    /// then (`Runtime.shutdown` stops all before it detaches).
+    /// Disconnects the runtime. `Runtime.shutdown` stops every source before
+    /// it detaches; a source still running here (the driver detached without
+    /// a shutdown) is stopped now, with one warning: nothing this driver
+    /// started stays armed on the loop after it detached.
     public func detach() {
+        let left = owned.stopAll()
+        if left > 0 {
+            logger.warning("detach: stopped \(left) source(s) still running (the runtime did not shut down first)")
+        }
         wakeSource?.close()
         wakeSource = nil
         inotifyKeeper?.close()
@@ -201,6 +188,11 @@ public final class SystemdDriver: Driver {
         wakeChannel = nil
         host = nil
     }
+
+    /// A driver that goes away (a runtime dropped without `shutdown()`, and
+    /// with it its driver) detaches: it stops every source it still owns, so
+    /// none fires into a program that is gone, and closes its eventfd.
+    deinit { detach() }
 
     /// sd-event closes its inotify fd when the last watch goes, and closing
     /// an inotify fd waits for an RCU grace period (about a millisecond): a
@@ -244,5 +236,84 @@ final class WakeChannel: Sendable {
             if fd >= 0 { Glibc.close(fd) }
             fd = -1
         }
+    }
+}
+
+/// A running source the driver started: owned by its ticket (`driverState`),
+/// linked unretained into the driver's `OwnedSources`. Stopped exactly once:
+/// by `SystemdDriver.stop`, by the driver's detach or deinit, or when its
+/// ticket goes away without a stop.
+final class OwnedSource {
+    let source: any RunningSource
+    /// The ticket whose `driverState` holds this (it outlives this object);
+    /// nil in a node not linked yet. A stopped timer's node is linked again
+    /// for the next timer (`SystemdDriver.spareTimers`).
+    fileprivate unowned(unsafe) var ticket: SourceTicket?
+    /// The list this is linked into; nil once unlinked. Unretained: the
+    /// driver unlinks every node before its list goes (detach, deinit).
+    fileprivate unowned(unsafe) var list: OwnedSources?
+    fileprivate var prev: Unmanaged<OwnedSource>?
+    fileprivate var next: Unmanaged<OwnedSource>?
+
+    /// A node for `source`, not linked yet (`OwnedSources.link`).
+    init(_ source: any RunningSource) {
+        self.source = source
+    }
+
+    /// Unlinks and stops the source (a second call does nothing).
+    func stop() {
+        guard let list else { return }
+        list.unlink(self)
+        source.stop()
+    }
+
+    deinit { stop() }
+}
+
+/// The driver's running sources, a doubly linked list through their
+/// `OwnedSource` (O(1) add and remove, no table).
+final class OwnedSources {
+    private var head: Unmanaged<OwnedSource>?
+    private(set) var count = 0
+
+    /// Links `source` started for `ticket`; returns its `driverState`.
+    func add(_ source: any RunningSource, _ ticket: SourceTicket) -> OwnedSource {
+        link(OwnedSource(source), ticket)
+    }
+
+    /// Links `node` (new, or stopped and unlinked) for `ticket`; returns it.
+    func link(_ node: OwnedSource, _ ticket: SourceTicket) -> OwnedSource {
+        node.ticket = ticket
+        node.list = self
+        node.next = head
+        head?.takeUnretainedValue().prev = Unmanaged.passUnretained(node)
+        head = Unmanaged.passUnretained(node)
+        count += 1
+        return node
+    }
+
+    fileprivate func unlink(_ node: OwnedSource) {
+        if let p = node.prev { p.takeUnretainedValue().next = node.next } else { head = node.next }
+        node.next?.takeUnretainedValue().prev = node.prev
+        node.prev = nil
+        node.next = nil
+        node.list = nil
+        count -= 1
+    }
+
+    /// Stops every source still linked and clears its ticket's
+    /// `driverState` (which also breaks a source -> ticket cycle); returns
+    /// how many there were.
+    func stopAll() -> Int {
+        var stopped = 0
+        while let first = head {
+            let node = first.takeUnretainedValue()
+            withExtendedLifetime(node) {
+                node.stop()
+                if let ticket = node.ticket, ticket.driverState === node { ticket.driverState = nil }
+            }
+            stopped += 1
+        }
+        return stopped
     }
 }

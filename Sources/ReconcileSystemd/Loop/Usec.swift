@@ -1,4 +1,5 @@
 import Reconcile
+import Glibc
 
 // sd-event counts time in `usec_t`: unsigned 64-bit microseconds, with
 // `USEC_INFINITY` (2^64 - 1) meaning "never". Every `Duration` handed to
@@ -44,4 +45,22 @@ func usecMultiply(_ a: UInt64, _ k: UInt64) -> UInt64 {
 /// rejects with EINVAL).
 func usecAccuracy(_ leeway: Duration) -> UInt64 {
     min(max(1, usec(leeway)), usecInfinity - 1)
+}
+
+/// `clock`'s time now in microseconds (`clock_gettime`): every reading of
+/// a clock in microseconds outside sd-event goes through here (the loop
+/// clock's `now`, a `Duration`, keeps nanoseconds). Saturating: a time before the
+/// clock's epoch (a realtime clock set before 1970) gives 0.
+func clockMicroseconds(_ clock: clockid_t) -> UInt64 {
+    var ts = timespec()
+    clock_gettime(clock, &ts)
+    guard ts.tv_sec >= 0 else { return 0 }
+    return usecAdd(usecMultiply(UInt64(ts.tv_sec), 1_000_000), UInt64(ts.tv_nsec / 1000))
+}
+
+/// The wall clock (`CLOCK_REALTIME`) in microseconds since the Unix epoch:
+/// the timestamps of connectivity events, transcript headers and the
+/// indicator's output.
+public func wallClockMicroseconds() -> Int64 {
+    Int64(clamping: clockMicroseconds(CLOCK_REALTIME))
 }

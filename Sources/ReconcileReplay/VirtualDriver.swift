@@ -266,3 +266,6 @@ private func saturatingSum(_ a: Int64, _ b: Int64) -> Int64 {
     let (sum, overflow) = a.addingReportingOverflow(b)
     return overflow ? (b > 0 ? .max : .min) : sum
 }
+
+/// Whether `event` is of the `Event` type of `kind`.
+package func accepts<S: Source>(_ kind: S.Type, _ event: Any) -> Bool { event is S.Event }

@@ -1,7 +1,6 @@
-import Foundation
+import FoundationEssentials
 import Reconcile
 import ReconcileTranscript
-import Testing
 
 /// Where a replay first did something else than the recorded run.
 public struct ReplayDivergence: Equatable, CustomStringConvertible, Sendable {
@@ -268,23 +267,5 @@ final class Collector<Message, Command> {
     func drain() -> Batch {
         defer { batch = Batch() }
         return batch
-    }
-}
-
-/// Replays the transcript at `path` into `program` and records an issue
-/// with the first divergence, or the reason the file cannot be replayed.
-/// Returns the outcome (nil on error) for further checks on the model.
-@discardableResult
-public func expectReplay<P: Program>(
-    _ program: P, transcript path: String, programName: String? = nil,
-    sourceLocation: SourceLocation = #_sourceLocation
-) -> ReplayOutcome<P>? where P.Message: Decodable {
-    do {
-        let outcome = try Replay.run(program, path: path, programName: programName)
-        if let d = outcome.divergence { Issue.record("\(d)", sourceLocation: sourceLocation) }
-        return outcome
-    } catch {
-        Issue.record("\(error)", sourceLocation: sourceLocation)
-        return nil
     }
 }

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import Reconcile
 import ReconcileTranscript
 
@@ -181,14 +182,7 @@ public struct Transcript {
 
     /// Reads the transcript at `path`.
     public init(contentsOf path: String, lineLimit: Int = Transcript.defaultLineLimit) throws(TranscriptError) {
-        let data: Data
-        do {
-            data = try Data(contentsOf: URL(fileURLWithPath: path))
-        } catch {
-            let reason = (error as NSError).localizedFailureReason ?? (error as NSError).localizedDescription
-            throw .unreadable(path, reason: reason)
-        }
-        try self.init(data: data, lineLimit: lineLimit)
+        try self.init(data: try readTranscriptFile(path), lineLimit: lineLimit)
     }
 
     /// Reads a transcript from `data`.
@@ -263,4 +257,32 @@ public final class TranscriptBuffer<P: Program> {
 
     /// The lines recorded so far.
     public var data: Data { Data(encoder.output.bytes) }
+}
+
+/// The bytes of the regular file at `path` (`open`, `fstat`, `read`; the
+/// reason of a failure is the system's sentence for its errno). A FIFO or a
+/// device is refused, never waited on.
+func readTranscriptFile(_ path: String) throws(TranscriptError) -> Data {
+    func failure(_ code: Int32) -> TranscriptError { .unreadable(path, reason: String(cString: strerror(code))) }
+    let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
+    guard fd >= 0 else { throw failure(errno) }
+    defer { close(fd) }
+    var st = stat()
+    guard fstat(fd, &st) == 0 else { throw failure(errno) }
+    guard st.st_mode & S_IFMT == S_IFREG else {
+        throw .unreadable(path, reason: st.st_mode & S_IFMT == S_IFDIR ? String(cString: strerror(EISDIR)) : "not a regular file")
+    }
+    var bytes: [UInt8] = []
+    bytes.reserveCapacity(Int(st.st_size))
+    var chunk = [UInt8](repeating: 0, count: 1 << 16)
+    while true {
+        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n < 0 {
+            if errno == EINTR { continue }
+            throw failure(errno)
+        }
+        if n == 0 { break }
+        bytes.append(contentsOf: chunk[..<n])
+    }
+    return Data(bytes)
 }

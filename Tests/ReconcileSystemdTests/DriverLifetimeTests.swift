@@ -1,0 +1,93 @@
+import CSystemd
+import Foundation
+import Reconcile
+import ReconcileSystemd
+import Testing
+
+/// A timer and a file watch (whose runner holds its ticket: a cycle only a
+/// stop breaks); counts what reaches `update`.
+struct TimerAndWatch: Program {
+    let path: String
+    func start() -> (Int, [Never]) { (0, []) }
+    func update(_ model: inout Int, _ message: Int) -> [Never] {
+        model += 1
+        return []
+    }
+    func subscriptions(_ model: Int) -> Subscriptions<Int> {
+        Subscriptions {
+            Subscription.every(.milliseconds(10), key: "t", leeway: .microseconds(1)) { _ in 1 }
+            Subscription.watch(path) { _ in 2 }
+        }
+    }
+}
+
+extension SystemdTests {
+    /// What a driver leaves on its loop when the runtime does not shut down.
+    @Suite struct DriverLifetime {
+        @Test func aDriverDetachedWithoutShutdownStopsEverySourceItStillOwns() throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            let before = EventSourceAccounting.live
+            let loop = try EventLoop()
+            let capture = CapturingHandler()
+            let driver = SystemdDriver(loop: loop, logger: Logger(level: .warning, handler: capture))
+            let runtime = Runtime(TimerAndWatch(path: dir + "/f"), driver: driver)
+            try runtime.start()
+            #expect(driver.runningCount == 2)
+            // The timer fires while attached.
+            #expect(try loop.run(until: { runtime.model >= 2 }, timeout: .seconds(5)))
+
+            driver.detach()
+            #expect(driver.runningCount == 0)
+            #expect(EventSourceAccounting.live == before)
+            #expect(capture.all.contains { $0.level == .warning && $0.message.contains("stopped 2 source(s)") })
+            // Nothing is armed: the timer is due every 10 ms and the file
+            // changes, yet an iteration of 100 ms dispatches nothing.
+            let seen = runtime.model
+            try writeFile(dir + "/f", "x")
+            #expect(try loop.runOnce(timeout: .milliseconds(100)) == false)
+            #expect(runtime.model == seen)
+            // A shutdown afterwards stops nothing twice.
+            let report = runtime.shutdown()
+            #expect(report.stopped.count == 2)
+            #expect(EventSourceAccounting.live == before)
+        }
+
+        @Test func aRuntimeDroppedWithoutShutdownLeavesNothingArmedOnTheLoop() throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            let before = EventSourceAccounting.live
+            let loop = try EventLoop()
+            weak var gone: SystemdDriver?
+            do {
+                let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+                gone = driver
+                let runtime = Runtime(TimerAndWatch(path: dir + "/f"), driver: driver)
+                try runtime.start()
+                #expect(try loop.run(until: { runtime.model >= 2 }, timeout: .seconds(5)))
+                #expect(EventSourceAccounting.live > before)
+            }
+            // The runtime and its driver are gone, without a shutdown.
+            #expect(gone == nil)
+            #expect(EventSourceAccounting.live == before)
+            try writeFile(dir + "/f", "x")
+            #expect(try loop.runOnce(timeout: .milliseconds(100)) == false)
+        }
+
+        @Test func aSourceWhoseTicketGoesAwayIsStoppedWhileTheDriverLives() throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            let loop = try EventLoop()
+            let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+            do {
+                let runtime = Runtime(Timers(initial: .init(names: ["a", "b"], interval: .milliseconds(10))), driver: driver)
+                try runtime.start()
+                #expect(driver.runningCount == 2)
+            }
+            // The timers' tickets went with the runtime; the driver, kept
+            // here, stopped their sources.
+            #expect(driver.runningCount == 0)
+            #expect(try loop.runOnce(timeout: .milliseconds(100)) == false)
+        }
+    }
+}

@@ -1,0 +1,75 @@
+import Foundation
+import Reconcile
+@testable import ReconcileSystemd
+import Synchronization
+import Testing
+
+/// Runs `body` on a thread of its own that first moves into a new network
+/// namespace (`unshare(CLONE_NEWNET)` affects only that thread; it holds
+/// only `lo`), and returns what `body` returned.
+func inNewNetworkNamespace<T: Sendable>(_ body: @escaping @Sendable () throws -> T) throws -> T {
+    // unshare(2) is declared only under _GNU_SOURCE: found in libc by name.
+    typealias Unshare = @convention(c) (Int32) -> Int32
+    let unshare = unsafeBitCast(try #require(dlsym(UnsafeMutableRawPointer(bitPattern: 0), "unshare")), to: Unshare.self)
+    let cloneNewNet: Int32 = 0x4000_0000
+    let result = Mutex<Result<T, any Error>?>(nil)
+    let done = DispatchSemaphore(value: 0)
+    let thread = Thread {
+        defer { done.signal() }
+        guard unshare(cloneNewNet) == 0 else {
+            result.withLock { $0 = .failure(POSIXError(.init(rawValue: errno) ?? .EPERM)) }
+            return
+        }
+        result.withLock { $0 = Result { try body() } }
+    }
+    thread.start()
+    done.wait()
+    return try result.withLock { $0! }.get()
+}
+
+extension SystemdTests {
+    /// The kernel backend's dumps, when asking for one fails.
+    @Suite struct NetlinkResync {
+        struct Outcome: Sendable {
+            /// What the watcher reported after the failures were injected, in order.
+            var events: [String] = []
+            var linksAfter: [String] = []
+            var retries = 0
+            var recovered = false
+        }
+
+        @Test func aDumpRequestThatFailsIsAFailureThenAResyncWithBackoff() throws {
+            let outcome = try inNewNetworkNamespace { () throws -> Outcome in
+                let loop = try EventLoop()
+                final class Seen { var events: [String] = []; var last: LinkTable? }
+                let seen = Seen()
+                let watcher = try NetlinkWatcher(
+                    receiveBuffer: nil, loop: loop, logger: Logger(level: .error, handler: .stderr),
+                    onTable: { seen.events.append("table"); seen.last = $0 },
+                    onFailure: { seen.events.append("failed \($0.operation) \($0.code ?? 0)") })
+                defer { watcher.stop() }
+                guard try loop.run(until: { seen.last != nil }, timeout: .seconds(5)) else { return Outcome() }
+                // The next two dump requests fail (as sendto would with
+                // ENOBUFS) when an overrun's resync asks for them.
+                seen.events = []
+                seen.last = nil
+                watcher.injectedSendErrors = [ENOBUFS, ENOBUFS]
+                watcher.resync()
+                var o = Outcome()
+                // Failure now, retries after 100 and 200 ms, the third works.
+                o.recovered = try loop.run(until: { seen.last != nil }, timeout: .seconds(5))
+                o.events = seen.events
+                o.linksAfter = seen.last.map { $0.links.values.map(\.name).sorted() } ?? []
+                o.retries = watcher.retries
+                return o
+            }
+            #expect(outcome.recovered)
+            // Each failure reaches the program; no stale table in between.
+            let failed = "failed sendto(netlink dump) \(ENOBUFS)"
+            #expect(outcome.events == [failed, failed, "table"])
+            #expect(outcome.retries == 2)
+            // The namespace's ground truth: only `lo`.
+            #expect(outcome.linksAfter == ["lo"])
+        }
+    }
+}
