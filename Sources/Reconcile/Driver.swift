@@ -65,7 +65,7 @@ public class SourceTicket {
     /// The current configuration (updated before `Driver.retune`).
     public var configuration: AnyHashable { configurationBox.hashable }
     /// The same, in its typed box (compared and cast without allocation).
-    var configurationBox: HashableBox
+    @usableFromInline final var configurationBox: HashableBox
     /// False once the runtime has stopped this activation.
     public internal(set) var isActive = true
     /// True once the source has reported a failure.
@@ -78,7 +78,7 @@ public class SourceTicket {
     var position: UInt32 = 0
     /// The driver's own state for this activation (its running source), so a
     /// driver needs no table of its own. The runtime never reads it.
-    public var driverState: AnyObject?
+    public final var driverState: AnyObject?
 
     init(activation: Activation, id: SubscriptionID, configurationBox: HashableBox) {
         self.activation = activation
@@ -86,9 +86,10 @@ public class SourceTicket {
         self.configurationBox = configurationBox
     }
 
-    /// The configuration as the source's own type.
-    public func configuration<S: Source>(as: S.Type) -> S.Configuration? {
-        (configurationBox as? TypedHashableBox<S.Configuration>)?.value
+    /// The configuration as the source's own type (inlinable: where `S` is
+    /// known this is one compare of the box's class).
+    @inlinable public final func configuration<S: Source>(as: S.Type) -> S.Configuration? {
+        configurationBox.value(as: S.Configuration.self)
     }
 
     /// Hands an event of the source's `Event` type to the program (loop thread).

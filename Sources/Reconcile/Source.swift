@@ -96,10 +96,17 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
 @usableFromInline class HashableBox: @unchecked Sendable {
     func isEqual(_ other: HashableBox) -> Bool { fatalError() }
     var hashable: AnyHashable { fatalError() }
+
+    /// The value when it is a `T`: one compare of the box's class, no
+    /// dynamic cast (and no generic metadata lookup where `T` is known).
+    @inlinable final func value<T: Hashable>(as: T.Type) -> T? {
+        guard ObjectIdentifier(type(of: self)) == ObjectIdentifier(TypedHashableBox<T>.self) else { return nil }
+        return unsafeDowncast(self, to: TypedHashableBox<T>.self).value
+    }
 }
 
-final class TypedHashableBox<T: Hashable>: HashableBox, @unchecked Sendable {
-    let value: T
+@usableFromInline final class TypedHashableBox<T: Hashable>: HashableBox, @unchecked Sendable {
+    @usableFromInline let value: T
     init(_ value: T) { self.value = value }
     override func isEqual(_ other: HashableBox) -> Bool {
         guard ObjectIdentifier(type(of: other)) == ObjectIdentifier(type(of: self)) else { return false }

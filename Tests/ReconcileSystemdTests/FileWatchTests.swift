@@ -131,6 +131,26 @@ extension SystemdTests {
             try h.run(until: { events(h) == [.modified] })
         }
 
+        @Test func pathsSpelledWithDotsDoubleSlashesAndCombiningMarksWatchWhatTheyName() throws {
+            // The path is split on its `/` bytes, as the kernel reads it; the
+            // directories' paths are slices of it only while it is written
+            // plainly, joined otherwise.
+            defer { removeTree(dir) }
+            let accent = "\u{301}c"   // a name that begins with a combining mark
+            try FileManager.default.createDirectory(atPath: dir + "/a/b", withIntermediateDirectories: true)
+            try FileManager.default.createDirectory(atPath: dir + "/" + accent, withIntermediateDirectories: true)
+            for (spelled, real) in [(dir + "//a/./b/../b/f.conf", dir + "/a/b/f.conf"),
+                                    (dir + "/" + accent + "/g.conf", dir + "/" + accent + "/g.conf")] {
+                let h = try Harness(Watcher(path: spelled))
+                try writeFile(real, "1")
+                try h.run(until: { events(h) == [.created] })
+                try writeFile(real, "2")
+                try h.run(until: { events(h) == [.created, .modified] })
+                unlink(real)
+                try h.run(until: { events(h) == [.created, .modified, .deleted] })
+            }
+        }
+
         @Test func relativePathIsAFailureEvent() throws {
             defer { removeTree(dir) }
             let h = try Harness(Watcher(path: "relative/path"))

@@ -113,6 +113,51 @@ extension SystemdTests {
             #expect(h.runtime.model == 1)
         }
 
+        @Test func timersStartedAfterOthersStoppedTickOnTheirOwnSchedule() throws {
+            // The driver arms stopped timers' runners again for new timers:
+            // nothing of the old timer (its sequence, a one-shot having
+            // fired, its clock or interval) may leak into the new one.
+            struct P: Program {
+                struct Model: Equatable { var phase = 0; var ticks: [String: [TimerSource.Tick]] = [:] }
+                enum Message { case tick(String, TimerSource.Event), next }
+                func start() -> (Model, [Never]) { (Model(), []) }
+                func update(_ m: inout Model, _ message: Message) -> [Never] {
+                    switch message {
+                    case .tick(let key, .tick(let t)): m.ticks[key, default: []].append(t)
+                    case .tick(_, .failed): break
+                    case .next: m.phase += 1
+                    }
+                    return []
+                }
+                func subscriptions(_ m: Model) -> Subscriptions<Message> {
+                    if m.phase == 0 {
+                        return Subscriptions {
+                            Subscription.every(.milliseconds(2), key: "a", clock: .boottime, leeway: .microseconds(1)) { .tick("a", $0) }
+                            Subscription.after(.milliseconds(1), key: "once", leeway: .microseconds(1)) { .tick("once", $0) }
+                        }
+                    }
+                    return Subscriptions {
+                        Subscription.every(.milliseconds(20), key: "c", leeway: .microseconds(1)) { .tick("c", $0) }
+                        Subscription.after(.milliseconds(10), key: "b", leeway: .microseconds(1)) { .tick("b", $0) }
+                    }
+                }
+            }
+            let h = try Harness(P())
+            try h.run(until: { (h.runtime.model.ticks["a"]?.count ?? 0) >= 5 && h.runtime.model.ticks["once"] != nil })
+            let switched = monotonicMicros()
+            try h.runtime.send(.next)
+            #expect(h.driver.runningCount == 2)
+            try h.run(until: { (h.runtime.model.ticks["c"]?.count ?? 0) >= 3 })
+            let elapsed = monotonicMicros() - switched
+            try h.run(for: .milliseconds(15))
+            let m = h.runtime.model
+            #expect(m.ticks["b"] == [.init(sequence: 1, missed: 0)])
+            // c counts its own intervals from its start, not a's.
+            let c = m.ticks["c"]!
+            #expect(c.first!.sequence == 1 + c.first!.missed)
+            #expect(c.last!.sequence >= 3 && c.last!.sequence <= UInt64(elapsed / 20_000) + 1, "c: \(c), \(elapsed) µs")
+        }
+
         @Test func oneShotTicksWithSequenceOneAndNothingMissedHoweverLate() throws {
             struct P: Program {
                 func start() -> ([TimerSource.Tick], [Never]) { ([], []) }

@@ -57,6 +57,27 @@ func clampToInt64(_ x: Int128) -> Int64 {
         #expect(Duration.nanoseconds(-1999).saturatingMicroseconds == -1)
     }
 
+    @Test func cheapPathAgreesWithInt128DivisionAroundItsBoundary() {
+        // Below 2^76 attoseconds the conversion shifts and divides in 64 bits;
+        // above, it divides in 128. Both must truncate toward zero alike.
+        var rng = SplitMix64(seed: 0x76)
+        var samples: [Int128] = [0, 1, -1, 999_999_999_999, 1_000_000_000_000, -1_000_000_000_000]
+        for shift in 70...82 {
+            let p = Int128(1) << shift
+            for d in [-1_000_000_000_001, -4097, -4096, -1, 0, 1, 4095, 4096, 1_000_000_000_001] as [Int128] {
+                samples += [p + d, -(p + d)]
+            }
+        }
+        for _ in 0..<20_000 {
+            let bits = Int.random(in: 0...100, using: &rng)
+            let x = (Int128(rng.next()) << 64 | Int128(rng.next())) >> (27 + bits)
+            samples += [x, -x]
+        }
+        for a in samples {
+            #expect(Duration(attoseconds: a).saturatingMicroseconds == clampToInt64(a / 1_000_000_000_000), "attoseconds = \(a)")
+        }
+    }
+
     @Test func shortFormatsEveryDurationWithoutTrapping() {
         for x in int64Samples(count: 5_000) {
             let expected = x == 0 ? "0s" : x % 3600 == 0 ? "\(x / 3600)h" : x % 60 == 0 ? "\(x / 60)m" : "\(x)s"

@@ -37,28 +37,27 @@ final class FileWatchRunner: RunningSource {
     /// loop's shared `DirectoryWatches` entry for that directory.
     final class Watch {
         unowned let runner: FileWatchRunner
-        let path: String
         /// Names of the path looked up in this directory: a change of one
         /// re-resolves the path. Almost always one (more only through
         /// symlinks or `..`): the first is kept without a collection.
-        var name: String?
-        var moreNames: [String] = []
-        func insertName(_ n: String) {
+        /// Slices of the watched path (or of a symlink's target).
+        var name: Substring?
+        var moreNames: [Substring] = []
+        func insertName(_ n: Substring) {
             if name == nil { name = n } else if name != n && !moreNames.contains(n) { moreNames.append(n) }
         }
-        func hasName(_ n: String) -> Bool { name == n || moreNames.contains(n) }
+        func hasName(_ n: String) -> Bool { name.map { $0 == n } ?? false || moreNames.contains { $0 == n } }
         /// The final name, when this directory holds the watched file: its
         /// writes and attribute changes are modifications.
-        var content: String?
+        var content: Substring?
         /// This directory is the watched path: its entries changing is a
         /// modification.
         var entries = false
         var entry: DirectoryWatches.Entry?
         /// Where this watch is in its entry's `watches`.
         var slot = 0
-        init(_ runner: FileWatchRunner, _ path: String) {
+        init(_ runner: FileWatchRunner) {
             self.runner = runner
-            self.path = path
         }
         var isOpen: Bool { entry != nil }
         func close() {
@@ -84,7 +83,8 @@ final class FileWatchRunner: RunningSource {
     private let loop: EventLoop
     private let directories: DirectoryWatches
     private let path: String
-    private let components: [String]
+    /// At most this many components (its `/` bytes, plus one).
+    private let componentBound: Int
     private let follow: Bool
 
     private var watches: [Watch] = []
@@ -123,7 +123,7 @@ final class FileWatchRunner: RunningSource {
             throw SourceFailure(operation: "watch \(c.path)", code: EINVAL, reason: "the path must be absolute")
         }
         path = c.path
-        components = c.path.split(separator: "/").map(String.init)
+        componentBound = Self.slashes(in: c.path) + 1
         follow = c.symlinks == .follow
         var s: OpaquePointer?
         try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in
@@ -155,7 +155,7 @@ final class FileWatchRunner: RunningSource {
     /// looked up in it, and replaces the current watches with the new ones.
     private func resolveAndWatch() -> Result<Target, SourceFailure> {
         var fresh: [Watch] = []
-        fresh.reserveCapacity(components.count + 1)
+        fresh.reserveCapacity(componentBound + 1)
         let result = resolve(into: &fresh)
         // The new watches are in place before the old ones go: a directory
         // in both keeps its shared source and inotify watch descriptor
@@ -176,57 +176,67 @@ final class FileWatchRunner: RunningSource {
         var dir = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
         guard dir >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
         defer { close(dir) }
-        var dirPath = "/"
+        // The directory's path, for messages and `..`: while the resolution
+        // follows the path as written, a prefix of `path` (no new string).
+        let root = Substring(path.utf8[..<path.utf8.index(after: path.utf8.startIndex)])
+        var dirPath = root
+        var dirIsPrefix = true
 
         /// The watch on directory `fd` (at `p`), added once per resolution
-        /// (a path has a handful of directories: a linear search).
-        func watch(_ fd: Int32, _ p: String) -> Result<Watch, SourceFailure> {
-            if let w = fresh.first(where: { $0.path == p }) { return .success(w) }
-            let result = addWatch(fd, p)
-            if case .success(let w) = result { fresh.append(w) }
-            return result
+        /// per directory inode (a path has a handful of directories: a
+        /// linear search).
+        /// On failure, nil and `failure` says why.
+        var failure: SourceFailure?
+        func watch(_ fd: Int32, _ p: Substring) -> Watch? {
+            guard let entry = directories.entry(fd, path: p, failure: &failure) else { return nil }
+            if let w = fresh.first(where: { $0.entry === entry }) { return w }
+            let w = Watch(self)
+            entry.add(w)
+            w.entry = entry
+            fresh.append(w)
+            return w
         }
-        // The components still to resolve: `components[next...]`, then the
-        // pushed ones (a symlink's target), last first.
-        var next = 0
-        var pushed: [String] = []
-        func pop() -> String? {
-            if let name = pushed.popLast() { return name }
-            guard next < components.count else { return nil }
-            next += 1
-            return components[next - 1]
+        // The components still to resolve: the pushed ones (a symlink's
+        // target), last first, then the path's own from `rest` on.
+        var rest = PathComponents(path)
+        var pushed: [Substring] = []
+        /// The next name, and whether it is the path's own.
+        func pop() -> (name: Substring, own: Bool)? {
+            if let name = pushed.popLast() { return (name, false) }
+            return rest.next().map { ($0, true) }
         }
         /// Only `.` components remain.
         func restIsDots() -> Bool {
-            pushed.allSatisfy { $0 == "." } && components[next...].allSatisfy { $0 == "." }
+            pushed.allSatisfy(Self.isDot) && rest.allSatisfy(Self.isDot)
         }
         var links = 0
 
-        func enter(_ fd: Int32, _ p: String) {
+        func enter(_ fd: Int32, _ p: Substring, prefix: Bool) {
             close(dir)
             dir = fd
             dirPath = p
+            dirIsPrefix = prefix
         }
 
-        while let name = pop() {
-            if name == "." { continue }
-            if name == ".." {
+        while let (name, own) = pop() {
+            if Self.isDot(name) { continue }
+            if Self.isDotDot(name) {
                 let up = openat(dir, "..", O_PATH | O_DIRECTORY | O_CLOEXEC)
                 guard up >= 0 else { return .failure(SystemdError("open \(dirPath)/..", errno: errno).failure) }
-                enter(up, Self.parent(of: dirPath))
+                enter(up, Substring(Self.parent(of: dirPath)), prefix: false)
                 continue
             }
             // Watch the directory before the name is looked up in it.
-            let here: Watch
-            switch watch(dir, dirPath) {
-            case .success(let w): here = w
-            case .failure(let f): return .failure(f)
-            }
+            guard let here = watch(dir, dirPath) else { return .failure(failure!) }
             here.insertName(name)
-            // The entry's path, for messages and nested directories only
-            // (a string per component otherwise).
-            var entryPath: String { Self.join(dirPath, name) }
-            let fd = openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)
+            // The entry's path is the path's prefix up to `name` when `name`
+            // is the path's own and follows `dirPath` after one slash (no
+            // new string); otherwise it is joined, for messages and nested
+            // directories only.
+            let entryIsPrefix = dirIsPrefix && own
+                && name.startIndex == (dirPath.endIndex == root.endIndex ? root.endIndex : path.utf8.index(after: dirPath.endIndex))
+            var entryPath: Substring { entryIsPrefix ? Substring(path.utf8[..<name.endIndex]) : Substring(Self.join(dirPath, name)) }
+            let fd = Self.openName(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)
             if fd < 0 {
                 let e = errno
                 // Not there (yet): the watch on `dir` sees it appear.
@@ -249,13 +259,13 @@ final class FileWatchRunner: RunningSource {
                 // far see it change.
                 guard let link else { return .success(.missing) }
                 // Pushed on top of the components not resolved yet.
-                pushed.append(contentsOf: components[next...].reversed())
-                next = components.count
-                pushed.append(contentsOf: link.split(separator: "/").map(String.init).reversed())
+                pushed.append(contentsOf: Array(rest).reversed())
+                rest.finish()
+                pushed.append(contentsOf: Array(PathComponents(link)).reversed())
                 if link.hasPrefix("/") {
-                    let root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
-                    guard root >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
-                    enter(root, "/")
+                    let top = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
+                    guard top >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
+                    enter(top, "/", prefix: false)
                 }
                 continue
             }
@@ -264,10 +274,8 @@ final class FileWatchRunner: RunningSource {
                 // Writes to the file are seen on its directory, by name.
                 here.content = name
                 if type == S_IFDIR {
-                    switch watch(fd, entryPath) {
-                    case .success(let w): w.entries = true
-                    case .failure(let f): return .failure(f)
-                    }
+                    guard let w = watch(fd, entryPath) else { return .failure(failure!) }
+                    w.entries = true
                 }
                 return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
             }
@@ -276,27 +284,43 @@ final class FileWatchRunner: RunningSource {
                 close(fd)
                 return .success(.missing)
             }
-            enter(fd, entryPath)
+            enter(fd, entryPath, prefix: entryIsPrefix)
         }
         // The path is `/`, or ends in `..`: the final object is `dir`.
         var st = stat()
         guard fstat(dir, &st) == 0 else { return .failure(SystemdError("stat \(dirPath)", errno: errno).failure) }
-        switch watch(dir, dirPath) {
-        case .success(let w): w.entries = true
-        case .failure(let f): return .failure(f)
-        }
+        guard let w = watch(dir, dirPath) else { return .failure(failure!) }
+        w.entries = true
         return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
     }
 
-    private func addWatch(_ fd: Int32, _ path: String) -> Result<Watch, SourceFailure> {
-        let watch = Watch(self, path)
-        switch directories.add(watch, fd: fd, path: path) {
-        case .success(let entry):
-            watch.entry = entry
-            return .success(watch)
-        case .failure(let f):
-            return .failure(f)
+    private static func isDot(_ name: Substring) -> Bool {
+        name.utf8.count == 1 && name.utf8.first == UInt8(ascii: ".")
+    }
+
+    private static func isDotDot(_ name: Substring) -> Bool {
+        name.utf8.count == 2 && name.utf8.first == UInt8(ascii: ".") && name.utf8.last == UInt8(ascii: ".")
+    }
+
+    /// `openat(2)` of `name`, copied to a NUL-terminated buffer on the stack
+    /// (a slice has no terminator of its own; no heap string).
+    private static func openName(_ dir: Int32, _ name: Substring, _ flags: Int32) -> Int32 {
+        let utf8 = name.utf8
+        let count = utf8.count
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: count + 1) { buffer in
+            if utf8.withContiguousStorageIfAvailable({ buffer.baseAddress!.initialize(from: $0.baseAddress!, count: count) }) == nil {
+                _ = buffer.initialize(from: utf8)
+            }
+            buffer[count] = 0
+            return buffer.withMemoryRebound(to: CChar.self) { Glibc.openat(dir, $0.baseAddress!, flags) }
         }
+    }
+
+    /// How many `/` bytes `path` has.
+    static func slashes(in path: String) -> Int {
+        var n = 0
+        for byte in path.utf8 where byte == UInt8(ascii: "/") { n += 1 }
+        return n
     }
 
     private static func readLink(_ fd: Int32) -> String? {
@@ -306,9 +330,9 @@ final class FileWatchRunner: RunningSource {
         return String(decoding: buffer[..<n], as: UTF8.self)
     }
 
-    private static func join(_ dir: String, _ name: String) -> String { dir == "/" ? "/" + name : dir + "/" + name }
+    private static func join(_ dir: Substring, _ name: Substring) -> String { dir == "/" ? "/" + name : dir + "/" + name }
 
-    private static func parent(of p: String) -> String {
+    private static func parent(of p: Substring) -> String {
         guard let slash = p.lastIndex(of: "/"), slash != p.startIndex else { return "/" }
         return String(p[..<slash])
     }
@@ -337,7 +361,7 @@ final class FileWatchRunner: RunningSource {
             touched = true
             scheduleRearm()
         }
-        if watch.entries || (mask & Self.contentMask != 0 && name == watch.content) {
+        if watch.entries || (mask & Self.contentMask != 0 && watch.content.map { $0 == name } ?? false) {
             record(.modified)
             scheduleFlush()
         }
@@ -459,13 +483,44 @@ final class FileWatchRunner: RunningSource {
     }
 }
 
+/// The components of a path, read one at a time: the slices between its `/`
+/// bytes, empty ones left out, as the kernel reads a path (no string per
+/// component, no grapheme breaking).
+struct PathComponents: Sequence, IteratorProtocol {
+    private let path: String
+    private var index: String.Index
+
+    init(_ path: String) {
+        self.path = path
+        index = path.utf8.startIndex
+    }
+
+    mutating func next() -> Substring? {
+        let utf8 = path.utf8
+        let slash = UInt8(ascii: "/")
+        while index != utf8.endIndex && utf8[index] == slash { index = utf8.index(after: index) }
+        guard index != utf8.endIndex else { return nil }
+        let start = index
+        while index != utf8.endIndex && utf8[index] != slash { index = utf8.index(after: index) }
+        return Substring(utf8[start..<index])
+    }
+
+    /// Reads nothing more.
+    mutating func finish() { index = path.utf8.endIndex }
+}
+
 /// The loop's inotify watches on directories, one sd-event source per
 /// directory inode shared by every file watch that needs it (`/`, `/etc`...).
 /// sd-event recomputes an inode's mask over all of its sources at each add,
 /// so one source per watch on a shared directory would make starting n
 /// watches cost n². Owned by the driver; the loop thread only.
 final class DirectoryWatches {
-    struct Key: Hashable { let device: UInt64; let inode: UInt64 }
+    struct Key: Hashable {
+        let device: UInt64
+        let inode: UInt64
+        /// One word into the hasher (the inode spread, the device mixed in).
+        func hash(into hasher: inout Hasher) { hasher.combine(inode &* 0x9E37_79B9_7F4A_7C15 ^ device) }
+    }
 
     /// One watched directory and the runners' watches on it.
     final class Entry {
@@ -473,25 +528,38 @@ final class DirectoryWatches {
         let key: Key
         var source: EventSource?
         /// The watches on this directory, each knowing its slot (O(1) add
-        /// and remove, no hashing).
-        var watches: [FileWatchRunner.Watch] = []
+        /// and remove, no hashing). A removed watch leaves its slot empty
+        /// for the next add (removal touches no other watch); the list goes
+        /// with the last watch.
+        var watches: [FileWatchRunner.Watch?] = []
+        private var freeSlots: [Int] = []
+        private var live = 0
         init(_ table: DirectoryWatches, _ key: Key) {
             self.table = table
             self.key = key
         }
         func add(_ watch: FileWatchRunner.Watch) {
-            watch.slot = watches.count
-            watches.append(watch)
+            live += 1
+            if let i = freeSlots.popLast() {
+                watch.slot = i
+                watches[i] = watch
+            } else {
+                watch.slot = watches.count
+                watches.append(watch)
+            }
         }
         func remove(_ watch: FileWatchRunner.Watch) {
             let i = watch.slot
             guard i < watches.count, watches[i] === watch else { return }
-            let last = watches.removeLast()
-            if i < watches.count {
-                watches[i] = last
-                last.slot = i
+            watches[i] = nil
+            live -= 1
+            if live == 0 {
+                watches = []
+                freeSlots = []
+                table.drop(self)
+            } else {
+                freeSlots.append(i)
             }
-            if watches.isEmpty { table.drop(self) }
         }
     }
 
@@ -503,14 +571,17 @@ final class DirectoryWatches {
     /// How many directories are watched (tests).
     var count: Int { entries.count }
 
-    func add(_ watch: FileWatchRunner.Watch, fd: Int32, path: String) -> Result<Entry, SourceFailure> {
+    /// The entry of directory `fd` (at `path`), made (its inotify source
+    /// added) if it has none yet; the caller adds its watch to it at once.
+    /// On failure, nil and `failure` says why.
+    func entry(_ fd: Int32, path: Substring, failure: inout SourceFailure?) -> Entry? {
         var st = stat()
-        guard fstat(fd, &st) == 0 else { return .failure(SystemdError("stat \(path)", errno: errno).failure) }
-        let key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
-        if let e = entries[key] {
-            e.add(watch)
-            return .success(e)
+        guard fstat(fd, &st) == 0 else {
+            failure = SystemdError("stat \(path)", errno: errno).failure
+            return nil
         }
+        let key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
+        if let e = entries[key] { return e }
         let e = Entry(self, key)
         var s: OpaquePointer?
         let r = sd_event_add_inotify_fd(loop.handle, &s, fd, FileWatchRunner.mask, { _, event, ud in
@@ -518,11 +589,13 @@ final class DirectoryWatches {
             Unmanaged<Entry>.fromOpaque(ud).takeUnretainedValue().table.dispatch(ud, event)
             return 0
         }, Unmanaged.passUnretained(e).toOpaque())
-        guard r >= 0 else { return .failure(SystemdError("inotify_add_watch \(path)", errno: -r).failure) }
+        guard r >= 0 else {
+            failure = SystemdError("inotify_add_watch \(path)", errno: -r).failure
+            return nil
+        }
         e.source = EventSource(s!)
-        e.add(watch)
         entries[key] = e
-        return .success(e)
+        return e
     }
 
     private func dispatch(_ ud: UnsafeMutableRawPointer, _ event: UnsafePointer<inotify_event>) {
@@ -535,7 +608,7 @@ final class DirectoryWatches {
         }
         // A handler may close watches (its own or, through a stop, others'):
         // the loop runs over a copy of the list as it was.
-        for w in e.watches where w.isOpen {
+        for case let w? in e.watches where w.isOpen {
             w.runner.handle(w, mask, name)
         }
     }

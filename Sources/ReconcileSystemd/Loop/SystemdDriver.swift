@@ -22,6 +22,11 @@ public final class SystemdDriver: Driver {
     /// Each kind's `SystemdSource` conformance, looked up once per kind.
     private var kinds: [ObjectIdentifier: (any SystemdSource.Type)?] = [:]
     private var lastKind: (id: ObjectIdentifier, type: (any SystemdSource.Type)?)?
+    /// Stopped timers (unlinked nodes holding a `TimerRunner`), armed again
+    /// by later timer starts (no allocation and no free per timer); at most
+    /// `spareTimerLimit`.
+    private var spareTimers: [OwnedSource] = []
+    static let spareTimerLimit = 16_384
     private weak var host: (any DriverHost)?
     private var wakeSource: EventSource?
     private var wakeChannel: WakeChannel?
@@ -66,7 +71,17 @@ public final class SystemdDriver: Driver {
 
     /// Starts the ticket's source on the loop; a kind that is not a `SystemdSource`, or a start that throws, becomes a failure event.
     public func start(_ ticket: SourceTicket) {
-        guard let kind = systemdKind(ticket.source) else {
+        // The built-in kinds directly (their configuration read by one
+        // class compare, no existential on the way); others through their
+        // `SystemdSource` conformance.
+        let source = ticket.source
+        switch ObjectIdentifier(source) {
+        case ObjectIdentifier(TimerSource.self): startTimer(ticket); return
+        case ObjectIdentifier(FileWatchSource.self): start(ticket, FileWatchSource.self); return
+        case ObjectIdentifier(SignalSource.self): start(ticket, SignalSource.self); return
+        default: break
+        }
+        guard let kind = systemdKind(source) else {
             if let kind = ticket.source as? any TaskBackedSource.Type {
                 // A task on the loop's executor (StreamSource).
                 ticket.driverState = owned.add(TaskSourceRunner(stop: kind.startTask(ticket, executor: loop.taskExecutor)), ticket)
@@ -85,7 +100,13 @@ public final class SystemdDriver: Driver {
 
     /// Applies the ticket's new configuration in place; an error becomes a failure event.
     public func retune(_ ticket: SourceTicket, from old: AnyHashable) {
-        guard let source = (ticket.driverState as? OwnedSource)?.source else { return }
+        guard let node = ticket.driverState as? OwnedSource else { return }
+        if let timer = Self.timerRunner(node.source) {
+            guard let configuration = ticket.configuration(as: TimerSource.self) else { return }
+            do { try timer.retune(to: configuration) } catch { ticket.fail(error.failure) }
+            return
+        }
+        let source = node.source
         do { try source.retune(to: ticket.configuration) } catch { ticket.fail(Self.failure(error, ticket)) }
     }
 
@@ -94,6 +115,47 @@ public final class SystemdDriver: Driver {
         guard let source = ticket.driverState as? OwnedSource else { return }
         ticket.driverState = nil
         source.stop()
+        if Self.timerRunner(source.source) != nil, spareTimers.count < Self.spareTimerLimit { spareTimers.append(source) }
+    }
+
+    /// A timer: its configuration read through the box's typed accessor, a
+    /// stopped runner reused when there is one (no `SourceContext`, no
+    /// existential on the way).
+    private func startTimer(_ ticket: SourceTicket) {
+        guard let configuration = ticket.configuration(as: TimerSource.self) else {
+            ticket.fail(SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(TimerSource.Configuration.self)"))
+            return
+        }
+        let node = spareTimers.popLast() ?? OwnedSource(TimerRunner(loop: loop))
+        do {
+            try unsafeDowncast(node.source as AnyObject, to: TimerRunner.self).start(ticket, configuration)
+        } catch {
+            spareTimers.append(node)
+            ticket.fail(error.failure)
+            return
+        }
+        ticket.driverState = owned.link(node, ticket)
+    }
+
+    /// A built-in kind other than timers, specialised for `S`.
+    @inline(__always)
+    private func start<S: SystemdSource>(_ ticket: SourceTicket, _: S.Type) {
+        guard let configuration = ticket.configuration(as: S.self) else {
+            ticket.fail(SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(S.Configuration.self)"))
+            return
+        }
+        do {
+            ticket.driverState = owned.add(try S.start(ticket, configuration, context: SourceContext(loop: loop, logger: logger, driver: self)), ticket)
+        } catch {
+            ticket.fail(Self.failure(error, ticket))
+        }
+    }
+
+    /// `state` as a `TimerRunner`, by one compare of its class (no
+    /// conformance lookup).
+    @inline(__always)
+    private static func timerRunner(_ state: AnyObject) -> TimerRunner? {
+        ObjectIdentifier(type(of: state)) == ObjectIdentifier(TimerRunner.self) ? unsafeDowncast(state, to: TimerRunner.self) : nil
     }
 
     /// The `SystemdSource` conformance of `type`, cached per kind.
@@ -183,18 +245,19 @@ final class WakeChannel: Sendable {
 /// ticket goes away without a stop.
 final class OwnedSource {
     let source: any RunningSource
-    /// The ticket whose `driverState` holds this (it outlives this object).
-    fileprivate unowned(unsafe) let ticket: SourceTicket
+    /// The ticket whose `driverState` holds this (it outlives this object);
+    /// nil in a node not linked yet. A stopped timer's node is linked again
+    /// for the next timer (`SystemdDriver.spareTimers`).
+    fileprivate unowned(unsafe) var ticket: SourceTicket?
     /// The list this is linked into; nil once unlinked. Unretained: the
     /// driver unlinks every node before its list goes (detach, deinit).
     fileprivate unowned(unsafe) var list: OwnedSources?
     fileprivate var prev: Unmanaged<OwnedSource>?
     fileprivate var next: Unmanaged<OwnedSource>?
 
-    fileprivate init(_ source: any RunningSource, _ ticket: SourceTicket, _ list: OwnedSources) {
+    /// A node for `source`, not linked yet (`OwnedSources.link`).
+    init(_ source: any RunningSource) {
         self.source = source
-        self.ticket = ticket
-        self.list = list
     }
 
     /// Unlinks and stops the source (a second call does nothing).
@@ -215,7 +278,13 @@ final class OwnedSources {
 
     /// Links `source` started for `ticket`; returns its `driverState`.
     func add(_ source: any RunningSource, _ ticket: SourceTicket) -> OwnedSource {
-        let node = OwnedSource(source, ticket, self)
+        link(OwnedSource(source), ticket)
+    }
+
+    /// Links `node` (new, or stopped and unlinked) for `ticket`; returns it.
+    func link(_ node: OwnedSource, _ ticket: SourceTicket) -> OwnedSource {
+        node.ticket = ticket
+        node.list = self
         node.next = head
         head?.takeUnretainedValue().prev = Unmanaged.passUnretained(node)
         head = Unmanaged.passUnretained(node)
@@ -241,7 +310,7 @@ final class OwnedSources {
             let node = first.takeUnretainedValue()
             withExtendedLifetime(node) {
                 node.stop()
-                if node.ticket.driverState === node { node.ticket.driverState = nil }
+                if let ticket = node.ticket, ticket.driverState === node { ticket.driverState = nil }
             }
             stopped += 1
         }

@@ -14,9 +14,12 @@ extension TimerSource.Clock {
 }
 
 extension TimerSource: SystemdSource {
-    /// Adds an sd-event timer on the configured clock.
+    /// Adds an sd-event timer on the configured clock. (`SystemdDriver`
+    /// starts timers without this generic entry: see `SystemdDriver.start`.)
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
-        try TimerRunner(ticket: ticket, configuration: configuration, loop: context.loop)
+        let runner = TimerRunner(loop: context.loop)
+        try runner.start(ticket, configuration)
+        return runner
     }
 }
 
@@ -25,28 +28,42 @@ extension TimerSource: SystemdSource {
 /// does not drift; a late loop gets one tick with `missed` set. A one-shot
 /// ticks once with sequence 1 and missed 0. Due times saturate at
 /// `USEC_INFINITY`: an interval too large for `usec_t` never fires.
+///
+/// A stopped runner can be started again for another ticket: the driver
+/// keeps stopped runners for later starts (`SystemdDriver.spareTimers`).
 final class TimerRunner: RunningSource {
-    // The ticket owns this runner (`driverState`); the runner does not own it.
-    private unowned let ticket: SourceTicket
+    /// The ticket of the current run. The ticket owns this runner
+    /// (`driverState`) until it is stopped, and the runner reads this only
+    /// while armed (`handle` set), so it needs no reference count; stop
+    /// clears it.
+    private unowned(unsafe) var ticket: SourceTicket?
     private let loop: EventLoop
-    private let clock: clockid_t
-    private let repeats: Bool
+    private var clock: clockid_t = CLOCK_MONOTONIC
+    private var repeats = true
     /// The timer's sd-event source, owned here directly (no wrapper object).
     private var handle: OpaquePointer?
-    private var origin: UInt64
-    private var interval: UInt64
-    private var leeway: UInt64
+    private var origin: UInt64 = 0
+    private var interval: UInt64 = 1
+    private var leeway: UInt64 = 1
     private var sequence: UInt64 = 0
     private var fired = false
 
-    init(ticket: SourceTicket, configuration c: TimerSource.Configuration, loop: EventLoop) throws {
-        self.ticket = ticket
+    /// A stopped runner for timers on `loop`.
+    init(loop: EventLoop) {
         self.loop = loop
+    }
+
+    deinit { stop() }
+
+    /// Arms the (stopped) runner for `ticket` with configuration `c`.
+    func start(_ ticket: SourceTicket, _ c: TimerSource.Configuration) throws(SystemdError) {
         clock = c.clock.clockID
         repeats = c.repeats
         interval = max(1, usec(c.interval))
         leeway = usecAccuracy(c.leeway)
         origin = loop.now(clock)
+        sequence = 0
+        fired = false
         var s: OpaquePointer?
         try check("sd_event_add_time", sd_event_add_time(
             loop.handle, &s, clock, usecAdd(origin, interval), leeway,
@@ -54,14 +71,13 @@ final class TimerRunner: RunningSource {
                 Unmanaged<TimerRunner>.fromOpaque(ud!).takeUnretainedValue().fire()
                 return 0
             }, Unmanaged.passUnretained(self).toOpaque()))
+        self.ticket = ticket
         handle = s
         EventSource.account(s!)
     }
 
-    deinit { stop() }
-
     private func fire() {
-        guard let handle else { return }
+        guard let handle, let ticket else { return }
         guard repeats else {
             // A one-shot has one due time: however late, nothing was missed.
             fired = true
@@ -80,7 +96,13 @@ final class TimerRunner: RunningSource {
     }
 
     func retune(to configuration: AnyHashable) throws {
-        guard let c = configuration.base as? TimerSource.Configuration, let handle else { return }
+        guard let c = configuration.base as? TimerSource.Configuration else { return }
+        try retune(to: c)
+    }
+
+    /// Applies a new interval and leeway in place.
+    func retune(to c: TimerSource.Configuration) throws(SystemdError) {
+        guard let handle else { return }
         let newInterval = max(1, usec(c.interval))
         leeway = usecAccuracy(c.leeway)
         try check("sd_event_source_set_time_accuracy", sd_event_source_set_time_accuracy(handle, leeway))
@@ -100,6 +122,7 @@ final class TimerRunner: RunningSource {
     func stop() {
         if let h = handle {
             handle = nil
+            ticket = nil
             sd_event_source_disable_unref(h)
         }
     }
