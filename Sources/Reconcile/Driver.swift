@@ -52,14 +52,20 @@ public struct Waker: Sendable {
 
 /// A driver's handle on one activation: what to run and where its events go.
 ///
-/// Tickets are created by the runtime at each start and live on the loop's
+/// Tickets are made by the runtime for its starts and live on the loop's
 /// thread. `emit` and `fail` must be called on that thread; other threads use
 /// `poster()`.
+///
+/// A stopped ticket that nothing holds any more (no strong, weak or unowned
+/// reference: not the driver, the mailbox, a plan or the program) may be
+/// reused by a later start, with a new activation and identity. A driver
+/// that keeps a ticket after `stop` therefore keeps it stopped, and one that
+/// wants to call it later must hold it strongly (then it is not reused).
 public class SourceTicket {
-    /// The activation this ticket stands for.
-    public let activation: Activation
+    /// The activation this ticket stands for (a reused ticket gets a new one).
+    public internal(set) var activation: Activation
     /// The subscription's identity.
-    public let id: SubscriptionID
+    public internal(set) var id: SubscriptionID
     /// The source kind's type.
     public var source: any Source.Type { id.kind.source }
     /// The current configuration (updated before `Driver.retune`).

@@ -68,6 +68,28 @@ final class ActiveSource: SourceTicket {
     override func emit(_ event: Any) { link.emit(event, from: self) }
     override func fail(_ failure: SourceFailure) { link.fail(failure, from: self) }
     override func poster() -> EventPoster { link.poster(for: self) }
+
+    /// Whether no weak or unowned reference to this entry exists (strong
+    /// ones the caller checks with `isKnownUniquelyReferenced`): a stopped
+    /// entry that passes both cannot be reached by anything that saw its
+    /// old activation.
+    var hasNoWeakOrUnownedReference: Bool { _getUnownedRetainCount(self) == 1 && _getWeakRetainCount(self) == 1 }
+
+    /// Makes this stopped entry, which nothing else references, the ticket
+    /// of a new activation of `sub` (recycling: no allocation per start).
+    func reuse(_ sub: SubscriptionCore, activation: Activation, memo: GroupMemo, epoch: UInt64) {
+        self.activation = activation
+        id = sub.id
+        configurationBox = sub.configurationBox
+        isActive = true
+        hasFailed = false
+        hasPoster = false
+        position = 0
+        driverState = nil
+        tagger = sub.tagger
+        self.memo = memo
+        self.epoch = epoch
+    }
 }
 
 /// What the reconciler remembers of one group (and, as the root, of the
@@ -226,6 +248,14 @@ final class ReconcileEngine {
     /// growth series; nothing when nothing starts).
     private var lastStarts = 0
     private var notPure: [String] = []
+    /// Entries the last reconcile stopped (its stops and restarted
+    /// entries), oldest activation first, and the next one to try: a start
+    /// reuses one that nothing else references any more (not the runtime's
+    /// last plan, the driver, the mailbox or the program) instead of
+    /// allocating. Those not reused are released at the end of the next
+    /// reconcile, as the last plan would have released them.
+    private var retired: ContiguousArray<ActiveSource?> = []
+    private var nextRetired = 0
 
     init(root: GroupMemo, link: OwnerLink) {
         self.root = root
@@ -552,7 +582,7 @@ final class ReconcileEngine {
     }
 
     private func collectStops() {
-        guard !scans.isEmpty || !displaced.isEmpty else { return }
+        guard !scans.isEmpty || !displaced.isEmpty else { return retire([]) }
         var stops: [ActiveSource] = []
         var bound = displaced.count
         for scan in scans { bound += scan.order.count - scan.from }
@@ -576,16 +606,43 @@ final class ReconcileEngine {
             memo.newChildOrder = []
         }
         vanished.removeAll()
-        guard !stops.isEmpty else { return }
+        guard !stops.isEmpty else { return retire([]) }
         for e in stops { table.remove(e) }
         records.stops = Self.inActivationOrder(stops)
+        retire(records.stops)
     }
 
     private func makeEntry(_ sub: SubscriptionCore, _ memo: GroupMemo) -> ActiveSource {
         generation &+= 1
-        let entry = ActiveSource(sub, activation: Activation(generation: generation), memo: memo)
+        let activation = Activation(generation: generation)
+        while nextRetired < retired.count {
+            var candidate: ActiveSource?
+            swap(&candidate, &retired[nextRetired])
+            nextRetired += 1
+            // Only this reference left (the strong count), and no weak or
+            // unowned one: nothing can reach the old activation through it.
+            if isKnownUniquelyReferenced(&candidate), let entry = candidate, entry.hasNoWeakOrUnownedReference {
+                entry.reuse(sub, activation: activation, memo: memo, epoch: epoch)
+                return entry
+            }
+        }
+        let entry = ActiveSource(sub, activation: activation, memo: memo)
         entry.epoch = epoch
         return entry
+    }
+
+    /// Releases the entries the last reconcile retired and not reused, and
+    /// retires this reconcile's stopped and restarted ones.
+    private func retire(_ stops: [ActiveSource]) {
+        if !retired.isEmpty {
+            retired.removeAll(keepingCapacity: true)
+            nextRetired = 0
+        }
+        let restarts = records.restarts.count
+        guard !stops.isEmpty || restarts > 0 else { return }
+        retired.reserveCapacity(stops.count + restarts)
+        for e in stops { retired.append(e) }
+        for r in records.restarts { retired.append(r.old) }
     }
 
     // MARK: Whole-table operations
@@ -603,6 +660,8 @@ final class ReconcileEngine {
 
     /// Forgets every group (breaks the memo/entry reference cycles).
     func dismantle() {
+        retired = []
+        nextRetired = 0
         func clear(_ memo: GroupMemo) {
             for child in memo.children.values { clear(child) }
             memo.children = [:]
