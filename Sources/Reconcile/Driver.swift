@@ -62,29 +62,32 @@ public struct Waker: Sendable {
 /// that keeps a ticket after `stop` therefore keeps it stopped, and one that
 /// wants to call it later must hold it strongly (then it is not reused).
 public class SourceTicket {
+    // Stored properties are read on every driver call and written by the
+    // runtime on the loop thread only: no dynamic exclusivity checks.
+
     /// The activation this ticket stands for (a reused ticket gets a new one).
-    public internal(set) var activation: Activation
+    @exclusivity(unchecked) public final internal(set) var activation: Activation
     /// The subscription's identity.
-    public internal(set) var id: SubscriptionID
+    @exclusivity(unchecked) public final internal(set) var id: SubscriptionID
     /// The source kind's type.
     public var source: any Source.Type { id.kind.source }
     /// The current configuration (updated before `Driver.retune`).
     public var configuration: AnyHashable { configurationBox.hashable }
     /// The same, in its typed box (compared and cast without allocation).
-    var configurationBox: HashableBox
+    @exclusivity(unchecked) final var configurationBox: HashableBox
     /// False once the runtime has stopped this activation.
-    public internal(set) var isActive = true
+    @exclusivity(unchecked) public final internal(set) var isActive = true
     /// True once the source has reported a failure.
-    public internal(set) var hasFailed = false
+    @exclusivity(unchecked) public final internal(set) var hasFailed = false
     /// Whether this activation handed out a poster (cross-thread events).
-    var hasPoster = false
+    @exclusivity(unchecked) final var hasPoster = false
     /// The reconciler's: the index in its group's order, a hint for its cursor
     /// (a wrong one costs a table lookup, never a wrong plan; here it packs
     /// with the flags above).
-    var position: UInt32 = 0
+    @exclusivity(unchecked) final var position: UInt32 = 0
     /// The driver's own state for this activation (its running source), so a
     /// driver needs no table of its own. The runtime never reads it.
-    public var driverState: AnyObject?
+    @exclusivity(unchecked) public final var driverState: AnyObject?
 
     init(activation: Activation, id: SubscriptionID, configurationBox: HashableBox) {
         self.activation = activation

@@ -51,11 +51,11 @@ final class TypedOwnerLink<Message>: OwnerLink {
 /// runtime need to route its events. Not generic: the reconciler's loop works
 /// on these without specialising on the message type.
 final class ActiveSource: SourceTicket {
-    var tagger: TaggerBase
+    @exclusivity(unchecked) var tagger: TaggerBase
     /// The group that last claimed this identity (the root for plain parts).
-    var memo: GroupMemo
+    @exclusivity(unchecked) var memo: GroupMemo
     /// The reconcile pass that last claimed this identity.
-    var epoch: UInt64 = 0
+    @exclusivity(unchecked) var epoch: UInt64 = 0
     /// Where events go (one link per reconciler, held by every group).
     var link: OwnerLink { memo.link }
 
@@ -106,7 +106,7 @@ final class GroupMemo {
     var forward: ((Any) -> Any)?
     /// The entries in desired order, unretained: the active table holds
     /// them, and an entry leaves every order before it leaves the table.
-    var order: ContiguousArray<Unmanaged<ActiveSource>> = []
+    @exclusivity(unchecked) var order: ContiguousArray<Unmanaged<ActiveSource>> = []
     var children: [GroupKey: GroupMemo] = [:]
     /// The nested groups in the order last walked, for positional lookup.
     var childOrder: [GroupMemo] = []
@@ -123,13 +123,13 @@ final class GroupMemo {
     var skipEpoch: UInt64 = 0
     var rebuildEpoch: UInt64 = 0
     // The state of the walk in progress.
-    var cursor = 0
-    var placed = 0
-    var building = false
+    @exclusivity(unchecked) var cursor = 0
+    @exclusivity(unchecked) var placed = 0
+    @exclusivity(unchecked) var building = false
     /// Where the new order first differs from the old one (entries before
     /// it keep their positions and are all claimed).
-    var divergence = 0
-    var newOrder: ContiguousArray<Unmanaged<ActiveSource>> = []
+    @exclusivity(unchecked) var divergence = 0
+    @exclusivity(unchecked) var newOrder: ContiguousArray<Unmanaged<ActiveSource>> = []
     var visited = 0
 
     init(key: GroupKey?, parent: GroupMemo) {
@@ -217,6 +217,11 @@ public final class Reconciler<Message> {
 
 /// The reconciler's machinery, not generic over the message type.
 ///
+/// Its hot stored properties (and the entries' and groups') opt out of
+/// dynamic exclusivity checks (`@exclusivity(unchecked)`): everything runs
+/// on the loop thread, and no access to one of them spans code that could
+/// access it again (the checks cost about a tenth of a churned reconcile).
+///
 /// Each group (the root for the plain parts) keeps its entries in the order
 /// they were last desired. A desired subscription is first compared with the
 /// entry at the group's cursor (cached hash, kind, key box, then typed `==`);
@@ -225,24 +230,24 @@ public final class Reconciler<Message> {
 /// cached hash. When a group's entries come out in the same order, it is not
 /// rewritten and nothing in it can have stopped.
 final class ReconcileEngine {
-    var table = EntryTable()
+    @exclusivity(unchecked) var table = EntryTable()
     let root: GroupMemo
     let link: OwnerLink
     var verifiesGroups = false
-    private var epoch: UInt64 = 0
-    private var generation: UInt64 = 0
+    @exclusivity(unchecked) private var epoch: UInt64 = 0
+    @exclusivity(unchecked) private var generation: UInt64 = 0
     // Per reconcile.
-    private var records = PlanRecords()
-    private var kept = 0
+    @exclusivity(unchecked) private var records = PlanRecords()
+    @exclusivity(unchecked) private var kept = 0
     private var duplicates: [SubscriptionID] = []
     private var current: GroupMemo
     private var forwards: [(Any) -> Any] = []
     private var scans: [(memo: GroupMemo, order: ContiguousArray<Unmanaged<ActiveSource>>, from: Int)] = []
     /// Entries a new entry took the place of in their group's order
     /// (stopped unless claimed elsewhere in this reconcile).
-    private var displaced: [(memo: GroupMemo, entry: Unmanaged<ActiveSource>)] = []
+    @exclusivity(unchecked) private var displaced: [(memo: GroupMemo, entry: Unmanaged<ActiveSource>)] = []
     private var vanished: [GroupMemo] = []
-    private var changes = 0
+    @exclusivity(unchecked) private var changes = 0
     /// Starts in the last reconcile that had any: the first start of a
     /// reconcile reserves that many (one allocation for the list, not a
     /// growth series; nothing when nothing starts).
@@ -254,8 +259,8 @@ final class ReconcileEngine {
     /// last plan, the driver, the mailbox or the program) instead of
     /// allocating. Those not reused are released at the end of the next
     /// reconcile, as the last plan would have released them.
-    private var retired: ContiguousArray<ActiveSource?> = []
-    private var nextRetired = 0
+    @exclusivity(unchecked) private var retired: ContiguousArray<ActiveSource?> = []
+    @exclusivity(unchecked) private var nextRetired = 0
 
     init(root: GroupMemo, link: OwnerLink) {
         self.root = root
