@@ -321,7 +321,8 @@ final class ReconcileEngine {
             var found: Unmanaged<ActiveSource>?
             if memo.cursor < memo.order.count {
                 let e = memo.order[memo.cursor]
-                if e._withUnsafeGuaranteedRef({ Self.hasID($0, items[i].id) }) {
+                let key = Unmanaged.passUnretained(items[i].id.keyBox)
+                if e._withUnsafeGuaranteedRef({ Self.hasID($0, items[i].id.cachedHash, items[i].id.kind.type, key) }) {
                     found = e
                     memo.cursor += 1
                 }
@@ -356,9 +357,8 @@ final class ReconcileEngine {
     /// Whether `entry` has identity `id`, without copying the entry's
     /// identity (no reference counting around the key comparison).
     @inline(__always)
-    private static func hasID(_ entry: ActiveSource, _ id: borrowing SubscriptionID) -> Bool {
-        entry.id.cachedHash == id.cachedHash && entry.id.kind.type == id.kind.type
-            && sameBox(.passUnretained(entry.id.keyBox), .passUnretained(id.keyBox))
+    private static func hasID(_ entry: ActiveSource, _ hash: Int, _ kind: ObjectIdentifier, _ key: Unmanaged<HashableBox>) -> Bool {
+        entry.id.cachedHash == hash && entry.id.kind.type == kind && sameBox(.passUnretained(entry.id.keyBox), key)
     }
 
     @inline(__always)
