@@ -59,10 +59,10 @@ final class ActiveSource: SourceTicket {
     /// Where events go (one link per reconciler, held by every group).
     var link: OwnerLink { memo.link }
 
-    init(_ sub: SubscriptionCore, activation: Activation, memo: GroupMemo) {
-        self.tagger = sub.tagger
+    init(_ sub: UnsafePointer<SubscriptionCore>, activation: Activation, memo: GroupMemo) {
+        self.tagger = sub.pointee.tagger
         self.memo = memo
-        super.init(activation: activation, id: sub.id, configurationBox: sub.configurationBox)
+        super.init(activation: activation, id: sub.pointee.id, configurationBox: sub.pointee.configurationBox)
     }
 
     override func emit(_ event: Any) { link.emit(event, from: self) }
@@ -77,17 +77,17 @@ final class ActiveSource: SourceTicket {
 
     /// Makes this stopped entry, which nothing else references, the ticket
     /// of a new activation of `sub` (recycling: no allocation per start).
-    func reuse(_ sub: SubscriptionCore, activation: Activation, memo: GroupMemo, epoch: UInt64) {
+    func reuse(_ sub: UnsafePointer<SubscriptionCore>, activation: Activation, memo: GroupMemo, epoch: UInt64) {
         self.activation = activation
-        id = sub.id
-        configurationBox = sub.configurationBox
+        id = sub.pointee.id
+        configurationBox = sub.pointee.configurationBox
         isActive = true
         hasFailed = false
         hasPoster = false
         position = 0
-        driverState = nil
-        tagger = sub.tagger
-        self.memo = memo
+        if driverState != nil { driverState = nil }
+        tagger = sub.pointee.tagger
+        if self.memo !== memo { self.memo = memo }
         self.epoch = epoch
     }
 }
@@ -314,10 +314,12 @@ final class ReconcileEngine {
 
     private func walkItems(_ items: UnsafeBufferPointer<SubscriptionCore>) {
         let memo = current
+        guard let base = items.baseAddress else { return }
         for i in items.indices {
             // Entries are read unretained (the table holds them) and the
             // desired subscription is borrowed in place: a kept subscription
             // costs no reference counting unless its tagger changed.
+            let d = base + i
             var found: Unmanaged<ActiveSource>?
             if memo.cursor < memo.order.count {
                 let e = memo.order[memo.cursor]
@@ -327,12 +329,12 @@ final class ReconcileEngine {
                     memo.cursor += 1
                 }
             }
-            if found == nil, let e = table.find(items[i].id) {
+            if found == nil, let e = table.find(items[i].id.cachedHash, items[i].id.kind.type, .passUnretained(items[i].id.keyBox)) {
                 found = Unmanaged.passUnretained(e)
                 if e.memo === memo && e.epoch != epoch { memo.cursor = Int(e.position) + 1 }
             }
             guard let u = found else {
-                start(items[i], in: memo)
+                start(d, in: memo)
                 continue
             }
             let kept = u._withUnsafeGuaranteedRef { e -> Bool in
@@ -349,7 +351,7 @@ final class ReconcileEngine {
                 self.kept += 1
                 place(u, replacing: nil, in: memo)
             } else {
-                claim(u.takeUnretainedValue(), items[i], in: memo)
+                claim(u.takeUnretainedValue(), d, in: memo)
             }
         }
     }
@@ -374,11 +376,11 @@ final class ReconcileEngine {
         return ua._withUnsafeGuaranteedRef { a in ub._withUnsafeGuaranteedRef { b in a.isEqual(b) } }
     }
 
-    private func start(_ d: SubscriptionCore, in memo: GroupMemo) {
+    private func start(_ d: UnsafePointer<SubscriptionCore>, in memo: GroupMemo) {
         let fresh = makeEntry(d, memo)
         table.insert(fresh)
         if records.starts.isEmpty { records.starts.reserveCapacity(max(16, lastStarts)) }
-        records.starts.append((fresh, d.configurationBox))
+        records.starts.append((fresh, d.pointee.configurationBox))
         placeFresh(.passUnretained(fresh), in: memo)
     }
 
@@ -403,9 +405,9 @@ final class ReconcileEngine {
 
     /// The slow path of a found entry: duplicate, taken from another group,
     /// changed configuration.
-    private func claim(_ e: ActiveSource, _ d: SubscriptionCore, in memo: GroupMemo) {
+    private func claim(_ e: ActiveSource, _ d: UnsafePointer<SubscriptionCore>, in memo: GroupMemo) {
         if e.epoch == epoch || (e.memo !== memo && isSkipped(e.memo)) {
-            duplicates.append(d.id)
+            duplicates.append(d.pointee.id)
             memo.ownDuplicates += 1
             return
         }
@@ -414,19 +416,19 @@ final class ReconcileEngine {
             markTaken(from: e.memo)
             e.memo = memo
         }
-        if Self.sameBox(e.configurationBox, d.configurationBox) {
-            if e.tagger !== d.tagger { e.tagger = d.tagger }
+        if Self.sameBox(e.configurationBox, d.pointee.configurationBox) {
+            if e.tagger !== d.pointee.tagger { e.tagger = d.pointee.tagger }
             kept += 1
             place(.passUnretained(e), replacing: nil, in: memo)
-        } else if !e.hasFailed && e.source.canRetune(e.configurationBox, d.configurationBox) {
-            records.retunes.append((e, e.configurationBox, d.configurationBox))
-            e.configurationBox = d.configurationBox
-            e.tagger = d.tagger
+        } else if !e.hasFailed && e.source.canRetune(e.configurationBox, d.pointee.configurationBox) {
+            records.retunes.append((e, e.configurationBox, d.pointee.configurationBox))
+            e.configurationBox = d.pointee.configurationBox
+            e.tagger = d.pointee.tagger
             place(.passUnretained(e), replacing: nil, in: memo)
         } else {
             let fresh = makeEntry(d, memo)
             table.replace(e, with: fresh)
-            records.restarts.append((e, fresh, d.configurationBox))
+            records.restarts.append((e, fresh, d.pointee.configurationBox))
             place(.passUnretained(fresh), replacing: e, in: memo)
         }
     }
@@ -624,7 +626,7 @@ final class ReconcileEngine {
         retire(records.stops)
     }
 
-    private func makeEntry(_ sub: SubscriptionCore, _ memo: GroupMemo) -> ActiveSource {
+    private func makeEntry(_ sub: UnsafePointer<SubscriptionCore>, _ memo: GroupMemo) -> ActiveSource {
         generation &+= 1
         let activation = Activation(generation: generation)
         while nextRetired < retired.count {
@@ -729,8 +731,13 @@ struct EntryTable {
     private static func tag(_ hash: Int) -> UInt8 { 0x80 | UInt8(truncatingIfNeeded: UInt(bitPattern: hash) &>> 57) }
 
     func find(_ id: borrowing SubscriptionID) -> ActiveSource? {
+        find(id.cachedHash, id.kind.type, .passUnretained(id.keyBox))
+    }
+
+    /// The entry whose identity has cached hash `hash`, kind `kind` and a
+    /// key equal to the one in `key` (held by the caller: not retained).
+    func find(_ hash: Int, _ kind: ObjectIdentifier, _ key: Unmanaged<HashableBox>) -> ActiveSource? {
         guard count > 0 else { return nil }
-        let hash = id.cachedHash
         let t = Self.tag(hash)
         return tags.withUnsafeBufferPointer { tags in
             slots.withUnsafeBufferPointer { slots in
@@ -738,7 +745,12 @@ struct EntryTable {
                 while true {
                     let x = tags[i]
                     if x == 0 { return nil }
-                    if x == t, let e = slots[i], e.id == id { return e }
+                    if x == t, let e = slots[i], e.id.cachedHash == hash, e.id.kind.type == kind {
+                        let k = Unmanaged.passUnretained(e.id.keyBox)
+                        if k.toOpaque() == key.toOpaque() || k._withUnsafeGuaranteedRef({ a in key._withUnsafeGuaranteedRef { a.isEqual($0) } }) {
+                            return e
+                        }
+                    }
                     i = (i &+ 1) & mask
                 }
             }

@@ -266,11 +266,12 @@ public final class Runtime<P: Program>: DriverHost {
             stats.retunes += actions.retunes.count
             stats.restarts += actions.restarts.count
             stats.starts += actions.restarts.count + actions.starts.count
-            for s in actions.stops { stop(s) }
-            for r in actions.restarts { stop(r.old) }
+            let driver = self.driver
+            PlanRecords.forEach(actions.stops) { stop($0) }
+            PlanRecords.forEach(actions.restarts) { stop($0) }    // .old
             for r in actions.retunes { driver.retune(r.source, from: r.from.hashable) }
-            for r in actions.restarts { driver.start(r.new) }
-            for s in actions.starts { driver.start(s.source) }
+            PlanRecords.forEach(actions.restarts, offset: MemoryLayout<ActiveSource>.stride) { driver.start($0) }    // .new
+            PlanRecords.forEach(actions.starts) { driver.start($0) }    // .source
         }
         lastPlan = plan
         if !plan.isEmpty || !plan.duplicates.isEmpty {
