@@ -245,7 +245,7 @@ final class ReconcileEngine {
     private var scans: [(memo: GroupMemo, order: ContiguousArray<Unmanaged<ActiveSource>>, from: Int)] = []
     /// Entries a new entry took the place of in their group's order
     /// (stopped unless claimed elsewhere in this reconcile).
-    @exclusivity(unchecked) private var displaced: [(memo: GroupMemo, entry: Unmanaged<ActiveSource>)] = []
+    @exclusivity(unchecked) private var displaced: [(memo: Unmanaged<GroupMemo>, entry: Unmanaged<ActiveSource>)] = []
     private var vanished: [GroupMemo] = []
     @exclusivity(unchecked) private var changes = 0
     /// Starts in the last reconcile that had any: the first start of a
@@ -393,7 +393,7 @@ final class ReconcileEngine {
         let i = memo.placed
         if !memo.building && i < memo.order.count {
             memo.placed = i + 1
-            displaced.append((memo, memo.order[i]))
+            displaced.append((.passUnretained(memo), memo.order[i]))
             memo.order[i] = entry
             if memo.cursor == i { memo.cursor = i + 1 }
             changes += 1
@@ -601,9 +601,13 @@ final class ReconcileEngine {
         var bound = displaced.count
         for scan in scans { bound += scan.order.count - scan.from }
         stops.reserveCapacity(bound)
-        for (memo, u) in displaced {
-            let e = u.takeUnretainedValue()
-            if e.memo === memo && e.epoch != epoch { stops.append(e) }
+        displaced.withUnsafeBufferPointer { displaced in
+            for (memo, u) in displaced {
+                let stopped = u._withUnsafeGuaranteedRef { e in
+                    Unmanaged.passUnretained(e.memo).toOpaque() == memo.toOpaque() && e.epoch != epoch
+                }
+                if stopped { stops.append(u.takeUnretainedValue()) }
+            }
         }
         displaced.removeAll(keepingCapacity: true)
         for (memo, order, from) in scans {
@@ -621,7 +625,6 @@ final class ReconcileEngine {
         }
         vanished.removeAll()
         guard !stops.isEmpty else { return retire([]) }
-        for e in stops { table.remove(e) }
         records.stops = Self.inActivationOrder(stops)
         retire(records.stops)
     }
@@ -645,8 +648,9 @@ final class ReconcileEngine {
         return entry
     }
 
-    /// Releases the entries the last reconcile retired and not reused, and
-    /// retires this reconcile's stopped and restarted ones.
+    /// Releases the entries the last reconcile retired and not reused;
+    /// removes `stops` from the table and retires them (the table's
+    /// reference moves to `retired`), and this reconcile's restarted ones.
     private func retire(_ stops: [ActiveSource]) {
         if !retired.isEmpty {
             retired.removeAll(keepingCapacity: true)
@@ -655,7 +659,9 @@ final class ReconcileEngine {
         let restarts = records.restarts.count
         guard !stops.isEmpty || restarts > 0 else { return }
         retired.reserveCapacity(stops.count + restarts)
-        for e in stops { retired.append(e) }
+        PlanRecords.forEach(stops) { e in
+            if let owned = table.take(e) { retired.append(owned) }
+        }
         for r in records.restarts { retired.append(r.old) }
     }
 
@@ -796,13 +802,16 @@ struct EntryTable {
         slots[i] = new
     }
 
-    mutating func remove(_ entry: ActiveSource) {
-        guard var i = slot(of: entry) else { return }
+    /// Removes `entry` and returns the table's reference to it (moved out:
+    /// no reference counting).
+    mutating func take(_ entry: ActiveSource) -> ActiveSource? {
+        guard var i = slot(of: entry) else { return nil }
         count -= 1
         let mask = self.mask
+        var taken: ActiveSource?
         tags.withUnsafeMutableBufferPointer { tags in
             slots.withUnsafeMutableBufferPointer { slots in
-                slots[i] = nil
+                swap(&taken, &slots[i])
                 tags[i] = 0
                 var j = i
                 while true {
@@ -819,6 +828,7 @@ struct EntryTable {
                 }
             }
         }
+        return taken
     }
 
     private mutating func grow() {
