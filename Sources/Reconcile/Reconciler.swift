@@ -230,7 +230,7 @@ public final class Reconciler<Message> {
 /// cached hash. When a group's entries come out in the same order, it is not
 /// rewritten and nothing in it can have stopped.
 final class ReconcileEngine {
-    @exclusivity(unchecked) var table = EntryTable()
+    let table = EntryTable()
     let root: GroupMemo
     let link: OwnerLink
     var verifiesGroups = false
@@ -329,9 +329,11 @@ final class ReconcileEngine {
                     memo.cursor += 1
                 }
             }
-            if found == nil, let e = table.find(items[i].id.cachedHash, items[i].id.kind.type, .passUnretained(items[i].id.keyBox)) {
-                found = Unmanaged.passUnretained(e)
-                if e.memo === memo && e.epoch != epoch { memo.cursor = Int(e.position) + 1 }
+            if found == nil, let u = table.find(items[i].id.cachedHash, items[i].id.kind.type, .passUnretained(items[i].id.keyBox)) {
+                found = u
+                u._withUnsafeGuaranteedRef { e in
+                    if e.memo === memo && e.epoch != epoch { memo.cursor = Int(e.position) + 1 }
+                }
             }
             guard let u = found else {
                 start(d, in: memo)
@@ -659,9 +661,7 @@ final class ReconcileEngine {
         let restarts = records.restarts.count
         guard !stops.isEmpty || restarts > 0 else { return }
         retired.reserveCapacity(stops.count + restarts)
-        PlanRecords.forEach(stops) { e in
-            if let owned = table.take(e) { retired.append(owned) }
-        }
+        PlanRecords.forEach(stops) { retired.append(table.take($0)) }
         for r in records.restarts { retired.append(r.old) }
     }
 
@@ -727,125 +727,157 @@ final class ReconcileEngine {
 /// (64 slots a cache line) and reads an entry only when its byte matches, so
 /// a miss (every new identity) touches about no entry; 1 byte a slot, under
 /// 2 bytes a running subscription at the table's load.
-struct EntryTable {
-    private var slots: ContiguousArray<ActiveSource?> = []
-    private var tags: ContiguousArray<UInt8> = []
-    private var mask = -1
-    private(set) var count = 0
+///
+/// The slots and bytes are allocated by the table itself (not arrays), so a
+/// lookup or a removal does no reference counting on storage; the table owns
+/// one reference to each entry in a slot.
+final class EntryTable {
+    @exclusivity(unchecked) private var slots: UnsafeMutablePointer<ActiveSource?>
+    @exclusivity(unchecked) private var tags: UnsafeMutablePointer<UInt8>
+    @exclusivity(unchecked) private var capacity: Int
+    @exclusivity(unchecked) private var mask: Int
+    @exclusivity(unchecked) private(set) var count = 0
+
+    private static let initialCapacity = 16
+
+    init() {
+        (slots, tags) = Self.allocate(Self.initialCapacity)
+        capacity = Self.initialCapacity
+        mask = capacity - 1
+    }
+
+    deinit { Self.deallocate(slots, tags, capacity) }
+
+    private static func allocate(_ capacity: Int) -> (UnsafeMutablePointer<ActiveSource?>, UnsafeMutablePointer<UInt8>) {
+        let slots = UnsafeMutablePointer<ActiveSource?>.allocate(capacity: capacity)
+        slots.initialize(repeating: nil, count: capacity)
+        let tags = UnsafeMutablePointer<UInt8>.allocate(capacity: capacity)
+        tags.initialize(repeating: 0, count: capacity)
+        return (slots, tags)
+    }
+
+    private static func deallocate(_ slots: UnsafeMutablePointer<ActiveSource?>, _ tags: UnsafeMutablePointer<UInt8>, _ capacity: Int) {
+        slots.deinitialize(count: capacity)
+        slots.deallocate()
+        tags.deallocate()
+    }
 
     @inline(__always)
     private static func tag(_ hash: Int) -> UInt8 { 0x80 | UInt8(truncatingIfNeeded: UInt(bitPattern: hash) &>> 57) }
 
+    /// The entry in slot `i` (occupied), unretained: the slot holds it.
+    @inline(__always)
+    private func unretained(at i: Int) -> Unmanaged<ActiveSource> {
+        UnsafeRawPointer(slots + i).load(as: Unmanaged<ActiveSource>.self)
+    }
+
     func find(_ id: borrowing SubscriptionID) -> ActiveSource? {
-        find(id.cachedHash, id.kind.type, .passUnretained(id.keyBox))
+        find(id.cachedHash, id.kind.type, .passUnretained(id.keyBox))?.takeUnretainedValue()
     }
 
     /// The entry whose identity has cached hash `hash`, kind `kind` and a
-    /// key equal to the one in `key` (held by the caller: not retained).
-    func find(_ hash: Int, _ kind: ObjectIdentifier, _ key: Unmanaged<HashableBox>) -> ActiveSource? {
-        guard count > 0 else { return nil }
+    /// key equal to the one in `key` (held by the caller), unretained.
+    func find(_ hash: Int, _ kind: ObjectIdentifier, _ key: Unmanaged<HashableBox>) -> Unmanaged<ActiveSource>? {
         let t = Self.tag(hash)
-        return tags.withUnsafeBufferPointer { tags in
-            slots.withUnsafeBufferPointer { slots in
-                var i = hash & mask
-                while true {
-                    let x = tags[i]
-                    if x == 0 { return nil }
-                    if x == t, let e = slots[i], e.id.cachedHash == hash, e.id.kind.type == kind {
-                        let k = Unmanaged.passUnretained(e.id.keyBox)
-                        if k.toOpaque() == key.toOpaque() || k._withUnsafeGuaranteedRef({ a in key._withUnsafeGuaranteedRef { a.isEqual($0) } }) {
-                            return e
-                        }
-                    }
-                    i = (i &+ 1) & mask
+        var i = hash & mask
+        while true {
+            let x = tags[i]
+            if x == 0 { return nil }
+            if x == t {
+                let u = unretained(at: i)
+                let match = u._withUnsafeGuaranteedRef { e in
+                    guard e.id.cachedHash == hash, e.id.kind.type == kind else { return false }
+                    let k = Unmanaged.passUnretained(e.id.keyBox)
+                    return k.toOpaque() == key.toOpaque() || k._withUnsafeGuaranteedRef { a in key._withUnsafeGuaranteedRef { a.isEqual($0) } }
                 }
+                if match { return u }
             }
+            i = (i &+ 1) & mask
         }
     }
 
-    mutating func insert(_ entry: ActiveSource) {
-        if (count + 1) * 4 > slots.count * 3 { grow() }
+    func insert(_ entry: ActiveSource) {
+        if (count + 1) * 4 > capacity * 3 { grow() }
         count += 1
         place(entry)
     }
 
-    private mutating func place(_ entry: ActiveSource) {
-        let mask = self.mask
+    private func place(_ entry: ActiveSource) {
         let hash = entry.id.cachedHash
         var i = hash & mask
-        tags.withUnsafeMutableBufferPointer { tags in
-            while tags[i] != 0 { i = (i &+ 1) & mask }
-            tags[i] = Self.tag(hash)
-        }
-        slots.withUnsafeMutableBufferPointer { $0[i] = entry }
+        while tags[i] != 0 { i = (i &+ 1) & mask }
+        tags[i] = Self.tag(hash)
+        slots[i] = entry
     }
 
     private func slot(of entry: ActiveSource) -> Int? {
-        guard count > 0 else { return nil }
         let hash = entry.id.cachedHash
         let t = Self.tag(hash)
-        return tags.withUnsafeBufferPointer { tags in
-            slots.withUnsafeBufferPointer { slots in
-                var i = hash & mask
-                while true {
-                    let x = tags[i]
-                    if x == 0 { return nil }
-                    if x == t, slots[i] === entry { return i }
-                    i = (i &+ 1) & mask
-                }
-            }
+        let target = Unmanaged.passUnretained(entry).toOpaque()
+        var i = hash & mask
+        while true {
+            let x = tags[i]
+            if x == 0 { return nil }
+            if x == t, unretained(at: i).toOpaque() == target { return i }
+            i = (i &+ 1) & mask
         }
     }
 
-    mutating func replace(_ old: ActiveSource, with new: ActiveSource) {
+    func replace(_ old: ActiveSource, with new: ActiveSource) {
         guard let i = slot(of: old) else { return insert(new) }
         slots[i] = new
     }
 
     /// Removes `entry` and returns the table's reference to it (moved out:
     /// no reference counting).
-    mutating func take(_ entry: ActiveSource) -> ActiveSource? {
+    func take(_ entry: ActiveSource) -> ActiveSource? {
         guard var i = slot(of: entry) else { return nil }
         count -= 1
         let mask = self.mask
         var taken: ActiveSource?
-        tags.withUnsafeMutableBufferPointer { tags in
-            slots.withUnsafeMutableBufferPointer { slots in
-                swap(&taken, &slots[i])
-                tags[i] = 0
-                var j = i
-                while true {
-                    j = (j &+ 1) & mask
-                    guard tags[j] != 0, let x = slots[j] else { return }
-                    let k = x.id.cachedHash & mask
-                    // x stays if its home k lies cyclically in (i, j].
-                    let stays = i <= j ? (i < k && k <= j) : (i < k || k <= j)
-                    if stays { continue }
-                    slots.swapAt(i, j)
-                    tags[i] = tags[j]
-                    tags[j] = 0
-                    i = j
-                }
-            }
+        swap(&taken, &slots[i])
+        tags[i] = 0
+        var j = i
+        while true {
+            j = (j &+ 1) & mask
+            guard tags[j] != 0 else { break }
+            let k = unretained(at: j)._withUnsafeGuaranteedRef { $0.id.cachedHash } & mask
+            // The entry at j stays if its home k lies cyclically in (i, j].
+            let stays = i <= j ? (i < k && k <= j) : (i < k || k <= j)
+            if stays { continue }
+            swap(&slots[i], &slots[j])
+            tags[i] = tags[j]
+            tags[j] = 0
+            i = j
         }
         return taken
     }
 
-    private mutating func grow() {
-        let old = slots
-        let capacity = max(16, slots.count * 2)
-        slots = ContiguousArray(repeating: nil, count: capacity)
-        tags = ContiguousArray(repeating: 0, count: capacity)
+    private func grow() {
+        let (oldSlots, oldTags, oldCapacity) = (slots, tags, capacity)
+        capacity = oldCapacity * 2
         mask = capacity - 1
-        for case let e? in old { place(e) }
+        (slots, tags) = Self.allocate(capacity)
+        for k in 0..<oldCapacity where oldTags[k] != 0 {
+            var e: ActiveSource?
+            swap(&e, &oldSlots[k])
+            if let e { place(e) }
+        }
+        Self.deallocate(oldSlots, oldTags, oldCapacity)
     }
 
-    var all: [ActiveSource] { slots.compactMap { $0 } }
+    var all: [ActiveSource] {
+        var all: [ActiveSource] = []
+        all.reserveCapacity(count)
+        for k in 0..<capacity { if let e = slots[k] { all.append(e) } }
+        return all
+    }
 
-    mutating func removeAll() {
-        slots = []
-        tags = []
-        mask = -1
+    func removeAll() {
+        Self.deallocate(slots, tags, capacity)
+        capacity = Self.initialCapacity
+        mask = capacity - 1
+        (slots, tags) = Self.allocate(capacity)
         count = 0
     }
 }
