@@ -358,8 +358,9 @@ final class ReconcileEngine {
         }
     }
 
-    /// Whether `entry` has identity `id`, without copying the entry's
-    /// identity (no reference counting around the key comparison).
+    /// Whether `entry`'s identity has cached hash `hash`, kind `kind` and a
+    /// key equal to the one in `key`, without copying the entry's identity
+    /// (no reference counting around the key comparison).
     @inline(__always)
     private static func hasID(_ entry: ActiveSource, _ hash: Int, _ kind: ObjectIdentifier, _ key: Unmanaged<HashableBox>) -> Bool {
         entry.id.cachedHash == hash && entry.id.kind.type == kind && sameBox(.passUnretained(entry.id.keyBox), key)
