@@ -381,10 +381,10 @@ final class ReconcileEngine {
 
     private func start(_ d: UnsafePointer<SubscriptionCore>, in memo: GroupMemo) {
         let fresh = makeEntry(d, memo)
-        table.insert(fresh)
         if records.starts.isEmpty { records.starts.reserveCapacity(max(16, lastStarts)) }
         records.starts.append((fresh, d.pointee.configurationBox))
         placeFresh(.passUnretained(fresh), in: memo)
+        table.insert(fresh)    // the last use: the table takes this reference
     }
 
     /// Puts a new entry (in no order yet) at the next position of `memo`'s
@@ -797,13 +797,13 @@ final class EntryTable {
         }
     }
 
-    func insert(_ entry: ActiveSource) {
+    func insert(_ entry: __owned ActiveSource) {
         if (count + 1) * 4 > capacity * 3 { grow() }
         count += 1
         place(entry)
     }
 
-    private func place(_ entry: ActiveSource) {
+    private func place(_ entry: __owned ActiveSource) {
         let hash = entry.id.cachedHash
         var i = hash & mask
         while tags[i] != 0 { i = (i &+ 1) & mask }
