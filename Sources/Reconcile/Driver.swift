@@ -52,33 +52,42 @@ public struct Waker: Sendable {
 
 /// A driver's handle on one activation: what to run and where its events go.
 ///
-/// Tickets are created by the runtime at each start and live on the loop's
+/// Tickets are made by the runtime for its starts and live on the loop's
 /// thread. `emit` and `fail` must be called on that thread; other threads use
 /// `poster()`.
+///
+/// A stopped ticket that nothing holds any more (no strong, weak or unowned
+/// reference: not the driver, the mailbox, a plan or the program) may be
+/// reused by a later start, with a new activation and identity. A driver
+/// that keeps a ticket after `stop` therefore keeps it stopped, and one that
+/// wants to call it later must hold it strongly (then it is not reused).
 public class SourceTicket {
-    /// The activation this ticket stands for.
-    public let activation: Activation
+    // Stored properties are read on every driver call and written by the
+    // runtime on the loop thread only: no dynamic exclusivity checks.
+
+    /// The activation this ticket stands for (a reused ticket gets a new one).
+    @exclusivity(unchecked) public final internal(set) var activation: Activation
     /// The subscription's identity.
-    public let id: SubscriptionID
+    @exclusivity(unchecked) public final internal(set) var id: SubscriptionID
     /// The source kind's type.
     public var source: any Source.Type { id.kind.source }
     /// The current configuration (updated before `Driver.retune`).
     public var configuration: AnyHashable { configurationBox.hashable }
     /// The same, in its typed box (compared and cast without allocation).
-    @usableFromInline final var configurationBox: HashableBox
+    @usableFromInline @exclusivity(unchecked) final var configurationBox: HashableBox
     /// False once the runtime has stopped this activation.
-    public internal(set) var isActive = true
+    @exclusivity(unchecked) public final internal(set) var isActive = true
     /// True once the source has reported a failure.
-    public internal(set) var hasFailed = false
+    @exclusivity(unchecked) public final internal(set) var hasFailed = false
     /// Whether this activation handed out a poster (cross-thread events).
-    var hasPoster = false
+    @exclusivity(unchecked) final var hasPoster = false
     /// The reconciler's: the index in its group's order, a hint for its cursor
     /// (a wrong one costs a table lookup, never a wrong plan; here it packs
     /// with the flags above).
-    var position: UInt32 = 0
+    @exclusivity(unchecked) final var position: UInt32 = 0
     /// The driver's own state for this activation (its running source), so a
     /// driver needs no table of its own. The runtime never reads it.
-    public final var driverState: AnyObject?
+    @exclusivity(unchecked) public final var driverState: AnyObject?
 
     init(activation: Activation, id: SubscriptionID, configurationBox: HashableBox) {
         self.activation = activation

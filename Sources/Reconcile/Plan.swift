@@ -103,6 +103,9 @@ public struct Plan: Equatable, CustomStringConvertible {
 
 /// A plan as the reconciler records it: the entries concerned and the
 /// configuration boxes at the time (an entry's box changes on a later retune).
+///
+/// The runtime reads the entries in place (`forEach`): each list's entry is
+/// its elements' first field, a restart's new entry the second.
 struct PlanRecords {
     var stops: [ActiveSource] = []
     var restarts: [(old: ActiveSource, new: ActiveSource, to: HashableBox)] = []
@@ -119,5 +122,22 @@ struct PlanRecords {
         for r in retunes { steps.append(.retune(r.source.id, from: r.from.hashable, to: r.to.hashable)) }
         for s in starts { steps.append(.start(s.source.id, s.configuration.hashable)) }
         return steps
+    }
+}
+
+extension PlanRecords {
+    /// Calls `body` with the entry at byte `offset` of each element of
+    /// `list`, in order, unretained: the records hold every entry for the
+    /// duration, so executing a plan costs no reference counting per step.
+    @inline(__always)
+    static func forEach<Element>(_ list: [Element], offset: Int = 0, _ body: (ActiveSource) -> Void) {
+        list.withUnsafeBufferPointer { buffer in
+            guard let base = buffer.baseAddress else { return }
+            let raw = UnsafeRawPointer(base)
+            for i in 0..<buffer.count {
+                raw.load(fromByteOffset: i &* MemoryLayout<Element>.stride &+ offset, as: Unmanaged<ActiveSource>.self)
+                    ._withUnsafeGuaranteedRef(body)
+            }
+        }
     }
 }

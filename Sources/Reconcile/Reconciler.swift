@@ -51,23 +51,45 @@ final class TypedOwnerLink<Message>: OwnerLink {
 /// runtime need to route its events. Not generic: the reconciler's loop works
 /// on these without specialising on the message type.
 final class ActiveSource: SourceTicket {
-    var tagger: TaggerBase
+    @exclusivity(unchecked) var tagger: TaggerBase
     /// The group that last claimed this identity (the root for plain parts).
-    var memo: GroupMemo
+    @exclusivity(unchecked) var memo: GroupMemo
     /// The reconcile pass that last claimed this identity.
-    var epoch: UInt64 = 0
+    @exclusivity(unchecked) var epoch: UInt64 = 0
     /// Where events go (one link per reconciler, held by every group).
     var link: OwnerLink { memo.link }
 
-    init(_ sub: SubscriptionCore, activation: Activation, memo: GroupMemo) {
-        self.tagger = sub.tagger
+    init(_ sub: UnsafePointer<SubscriptionCore>, activation: Activation, memo: GroupMemo) {
+        self.tagger = sub.pointee.tagger
         self.memo = memo
-        super.init(activation: activation, id: sub.id, configurationBox: sub.configurationBox)
+        super.init(activation: activation, id: sub.pointee.id, configurationBox: sub.pointee.configurationBox)
     }
 
     override func emit(_ event: Any) { link.emit(event, from: self) }
     override func fail(_ failure: SourceFailure) { link.fail(failure, from: self) }
     override func poster() -> EventPoster { link.poster(for: self) }
+
+    /// Whether no weak or unowned reference to this entry exists (strong
+    /// ones the caller checks with `isKnownUniquelyReferenced`): a stopped
+    /// entry that passes both cannot be reached by anything that saw its
+    /// old activation.
+    var hasNoWeakOrUnownedReference: Bool { _getUnownedRetainCount(self) == 1 && _getWeakRetainCount(self) == 1 }
+
+    /// Makes this stopped entry, which nothing else references, the ticket
+    /// of a new activation of `sub` (recycling: no allocation per start).
+    func reuse(_ sub: UnsafePointer<SubscriptionCore>, activation: Activation, memo: GroupMemo, epoch: UInt64) {
+        self.activation = activation
+        id = sub.pointee.id
+        configurationBox = sub.pointee.configurationBox
+        isActive = true
+        hasFailed = false
+        hasPoster = false
+        position = 0
+        if driverState != nil { driverState = nil }
+        tagger = sub.pointee.tagger
+        if self.memo !== memo { self.memo = memo }
+        self.epoch = epoch
+    }
 }
 
 /// What the reconciler remembers of one group (and, as the root, of the
@@ -86,7 +108,7 @@ final class GroupMemo {
     var forward: ((Any) -> Any)?
     /// The entries in desired order, unretained: the active table holds
     /// them, and an entry leaves every order before it leaves the table.
-    var order: ContiguousArray<Unmanaged<ActiveSource>> = []
+    @exclusivity(unchecked) var order: ContiguousArray<Unmanaged<ActiveSource>> = []
     var children: [GroupKey: GroupMemo] = [:]
     /// The nested groups in the order last walked, for positional lookup
     /// (unretained: `children` holds them).
@@ -106,13 +128,13 @@ final class GroupMemo {
     var skipEpoch: UInt64 = 0
     var rebuildEpoch: UInt64 = 0
     // The state of the walk in progress.
-    var cursor = 0
-    var placed = 0
-    var building = false
+    @exclusivity(unchecked) var cursor = 0
+    @exclusivity(unchecked) var placed = 0
+    @exclusivity(unchecked) var building = false
     /// Where the new order first differs from the old one (entries before
     /// it keep their positions and are all claimed).
-    var divergence = 0
-    var newOrder: ContiguousArray<Unmanaged<ActiveSource>> = []
+    @exclusivity(unchecked) var divergence = 0
+    @exclusivity(unchecked) var newOrder: ContiguousArray<Unmanaged<ActiveSource>> = []
     var visited = 0
 
     init(key: GroupKey?, parent: GroupMemo) {
@@ -210,6 +232,11 @@ public final class Reconciler<Message> {
 
 /// The reconciler's machinery, not generic over the message type.
 ///
+/// Its hot stored properties (and the entries' and groups') opt out of
+/// dynamic exclusivity checks (`@exclusivity(unchecked)`): everything runs
+/// on the loop thread, and no access to one of them spans code that could
+/// access it again (the checks cost about a tenth of a churned reconcile).
+///
 /// Each group (the root for the plain parts) keeps its entries in the order
 /// they were last desired. A desired subscription is first compared with the
 /// entry at the group's cursor (cached hash, kind, key box, then typed `==`);
@@ -218,15 +245,15 @@ public final class Reconciler<Message> {
 /// cached hash. When a group's entries come out in the same order, it is not
 /// rewritten and nothing in it can have stopped.
 final class ReconcileEngine {
-    var table = EntryTable()
+    let table = EntryTable()
     let root: GroupMemo
     let link: OwnerLink
     var verifiesGroups = false
-    private var epoch: UInt64 = 0
-    private var generation: UInt64 = 0
+    @exclusivity(unchecked) private var epoch: UInt64 = 0
+    @exclusivity(unchecked) private var generation: UInt64 = 0
     // Per reconcile.
-    private var records = PlanRecords()
-    private var kept = 0
+    @exclusivity(unchecked) private var records = PlanRecords()
+    @exclusivity(unchecked) private var kept = 0
     private var duplicates: [SubscriptionID] = []
     private var current: GroupMemo
     private var forwards: [(Any) -> Any] = [] { didSet { mapping = !forwards.isEmpty } }
@@ -235,14 +262,22 @@ final class ReconcileEngine {
     private var scans: [(memo: GroupMemo, order: ContiguousArray<Unmanaged<ActiveSource>>, from: Int)] = []
     /// Entries a new entry took the place of in their group's order
     /// (stopped unless claimed elsewhere in this reconcile).
-    private var displaced: [(memo: GroupMemo, entry: Unmanaged<ActiveSource>)] = []
+    @exclusivity(unchecked) private var displaced: [(memo: Unmanaged<GroupMemo>, entry: Unmanaged<ActiveSource>)] = []
     private var vanished: [GroupMemo] = []
-    private var changes = 0
+    @exclusivity(unchecked) private var changes = 0
     /// Starts in the last reconcile that had any: the first start of a
     /// reconcile reserves that many (one allocation for the list, not a
     /// growth series; nothing when nothing starts).
     private var lastStarts = 0
     private var notPure: [String] = []
+    /// Entries the last reconcile stopped (its stops and restarted
+    /// entries), oldest activation first, and the next one to try: a start
+    /// reuses one that nothing else references any more (not the runtime's
+    /// last plan, the driver, the mailbox or the program) instead of
+    /// allocating. Those not reused are released at the end of the next
+    /// reconcile, as the last plan would have released them.
+    @exclusivity(unchecked) private var retired: ContiguousArray<ActiveSource?> = []
+    @exclusivity(unchecked) private var nextRetired = 0
 
     init(root: GroupMemo, link: OwnerLink) {
         self.root = root
@@ -314,30 +349,35 @@ final class ReconcileEngine {
 
     private func walkItems(_ items: UnsafeBufferPointer<SubscriptionCore>) {
         let memo = current
+        guard let base = items.baseAddress else { return }
         for i in items.indices {
             // Entries are read unretained (the table holds them) and the
             // desired subscription is borrowed in place: a kept subscription
             // costs no reference counting unless its tagger changed.
+            let d = base + i
             var found: Unmanaged<ActiveSource>?
             if memo.cursor < memo.order.count {
                 let e = memo.order[memo.cursor]
-                if e._withUnsafeGuaranteedRef({ Self.sameID($0.id, items[i].id) }) {
+                let key = Unmanaged.passUnretained(items[i].id.keyBox)
+                if e._withUnsafeGuaranteedRef({ Self.hasID($0, items[i].id.cachedHash, items[i].id.kind.type, key) }) {
                     found = e
                     memo.cursor += 1
                 }
             }
-            if found == nil, let e = table.find(items[i].id) {
-                found = Unmanaged.passUnretained(e)
-                if e.memo === memo && e.epoch != epoch { memo.cursor = Int(e.position) + 1 }
+            if found == nil, let u = table.find(items[i].id.cachedHash, items[i].id.kind.type, .passUnretained(items[i].id.keyBox)) {
+                found = u
+                u._withUnsafeGuaranteedRef { e in
+                    if e.memo === memo && e.epoch != epoch { memo.cursor = Int(e.position) + 1 }
+                }
             }
             guard let u = found else {
-                start(items[i], in: memo)
+                start(d, in: memo)
                 continue
             }
             let kept = u._withUnsafeGuaranteedRef { e -> Bool in
                 guard e.epoch != epoch else { return false }
                 guard e.memo === memo else { return false }
-                guard Self.sameBox(e.configurationBox, items[i].configurationBox) else { return false }
+                guard Self.sameBox(.passUnretained(e.configurationBox), .passUnretained(items[i].configurationBox)) else { return false }
                 e.epoch = epoch
                 if Unmanaged.passUnretained(e.tagger).toOpaque() != Unmanaged.passUnretained(items[i].tagger).toOpaque() {
                     e.tagger = items[i].tagger
@@ -348,31 +388,38 @@ final class ReconcileEngine {
                 self.kept += 1
                 place(u, replacing: nil, in: memo)
             } else {
-                claim(u.takeUnretainedValue(), items[i], in: memo)
+                claim(u.takeUnretainedValue(), d, in: memo)
             }
         }
     }
 
+    /// Whether `entry`'s identity has cached hash `hash`, kind `kind` and a
+    /// key equal to the one in `key`, without copying the entry's identity
+    /// (no reference counting around the key comparison).
     @inline(__always)
-    private static func sameID(_ a: borrowing SubscriptionID, _ b: borrowing SubscriptionID) -> Bool {
-        a.cachedHash == b.cachedHash && a.kind.type == b.kind.type && sameBox(a.keyBox, b.keyBox)
+    private static func hasID(_ entry: ActiveSource, _ hash: Int, _ kind: ObjectIdentifier, _ key: Unmanaged<HashableBox>) -> Bool {
+        entry.id.cachedHash == hash && entry.id.kind.type == kind && sameBox(.passUnretained(entry.id.keyBox), key)
     }
+
+    @inline(__always)
+    private static func sameBox(_ a: HashableBox, _ b: HashableBox) -> Bool { sameBox(.passUnretained(a), .passUnretained(b)) }
 
     /// Box equality on unretained references (both are held by their
     /// owners for the duration): no reference counting around the call.
+    /// Callers pass references made where the box was read, so nothing is
+    /// retained to keep it alive across the call.
     @inline(__always)
-    private static func sameBox(_ a: HashableBox, _ b: HashableBox) -> Bool {
-        let ua = Unmanaged.passUnretained(a), ub = Unmanaged.passUnretained(b)
+    private static func sameBox(_ ua: Unmanaged<HashableBox>, _ ub: Unmanaged<HashableBox>) -> Bool {
         if ua.toOpaque() == ub.toOpaque() { return true }
         return ua._withUnsafeGuaranteedRef { a in ub._withUnsafeGuaranteedRef { b in a.isEqual(b) } }
     }
 
-    private func start(_ d: SubscriptionCore, in memo: GroupMemo) {
+    private func start(_ d: UnsafePointer<SubscriptionCore>, in memo: GroupMemo) {
         let fresh = makeEntry(d, memo)
-        table.insert(fresh)
         if records.starts.isEmpty { records.starts.reserveCapacity(max(16, lastStarts)) }
-        records.starts.append((fresh, d.configurationBox))
+        records.starts.append((fresh, d.pointee.configurationBox))
         placeFresh(.passUnretained(fresh), in: memo)
+        table.insert(fresh)    // the last use: the table takes this reference
     }
 
     /// Puts a new entry (in no order yet) at the next position of `memo`'s
@@ -384,7 +431,7 @@ final class ReconcileEngine {
         let i = memo.placed
         if !memo.building && i < memo.order.count {
             memo.placed = i + 1
-            displaced.append((memo, memo.order[i]))
+            displaced.append((.passUnretained(memo), memo.order[i]))
             memo.order[i] = entry
             if memo.cursor == i { memo.cursor = i + 1 }
             changes += 1
@@ -396,9 +443,9 @@ final class ReconcileEngine {
 
     /// The slow path of a found entry: duplicate, taken from another group,
     /// changed configuration.
-    private func claim(_ e: ActiveSource, _ d: SubscriptionCore, in memo: GroupMemo) {
+    private func claim(_ e: ActiveSource, _ d: UnsafePointer<SubscriptionCore>, in memo: GroupMemo) {
         if e.epoch == epoch || (e.memo !== memo && isSkipped(e.memo)) {
-            duplicates.append(d.id)
+            duplicates.append(d.pointee.id)
             memo.ownDuplicates += 1
             return
         }
@@ -407,19 +454,19 @@ final class ReconcileEngine {
             markTaken(from: e.memo)
             e.memo = memo
         }
-        if Self.sameBox(e.configurationBox, d.configurationBox) {
-            if e.tagger !== d.tagger { e.tagger = d.tagger }
+        if Self.sameBox(e.configurationBox, d.pointee.configurationBox) {
+            if e.tagger !== d.pointee.tagger { e.tagger = d.pointee.tagger }
             kept += 1
             place(.passUnretained(e), replacing: nil, in: memo)
-        } else if !e.hasFailed && e.source.canRetune(e.configurationBox, d.configurationBox) {
-            records.retunes.append((e, e.configurationBox, d.configurationBox))
-            e.configurationBox = d.configurationBox
-            e.tagger = d.tagger
+        } else if !e.hasFailed && e.source.canRetune(e.configurationBox, d.pointee.configurationBox) {
+            records.retunes.append((e, e.configurationBox, d.pointee.configurationBox))
+            e.configurationBox = d.pointee.configurationBox
+            e.tagger = d.pointee.tagger
             place(.passUnretained(e), replacing: nil, in: memo)
         } else {
             let fresh = makeEntry(d, memo)
             table.replace(e, with: fresh)
-            records.restarts.append((e, fresh, d.configurationBox))
+            records.restarts.append((e, fresh, d.pointee.configurationBox))
             place(.passUnretained(fresh), replacing: e, in: memo)
         }
     }
@@ -649,14 +696,18 @@ final class ReconcileEngine {
     }
 
     private func collectStops() {
-        guard !scans.isEmpty || !displaced.isEmpty else { return }
+        guard !scans.isEmpty || !displaced.isEmpty else { return retire([]) }
         var stops: [ActiveSource] = []
         var bound = displaced.count
         for scan in scans { bound += scan.order.count - scan.from }
         stops.reserveCapacity(bound)
-        for (memo, u) in displaced {
-            let e = u.takeUnretainedValue()
-            if e.memo === memo && e.epoch != epoch { stops.append(e) }
+        displaced.withUnsafeBufferPointer { displaced in
+            for (memo, u) in displaced {
+                let stopped = u._withUnsafeGuaranteedRef { e in
+                    Unmanaged.passUnretained(e.memo).toOpaque() == memo.toOpaque() && e.epoch != epoch
+                }
+                if stopped { stops.append(u.takeUnretainedValue()) }
+            }
         }
         displaced.removeAll(keepingCapacity: true)
         for (memo, order, from) in scans {
@@ -673,16 +724,43 @@ final class ReconcileEngine {
             memo.newChildOrder = []
         }
         vanished.removeAll()
-        guard !stops.isEmpty else { return }
-        for e in stops { table.remove(e) }
+        guard !stops.isEmpty else { return retire([]) }
         records.stops = Self.inActivationOrder(stops)
+        retire(records.stops)
     }
 
-    private func makeEntry(_ sub: SubscriptionCore, _ memo: GroupMemo) -> ActiveSource {
+    private func makeEntry(_ sub: UnsafePointer<SubscriptionCore>, _ memo: GroupMemo) -> ActiveSource {
         generation &+= 1
-        let entry = ActiveSource(sub, activation: Activation(generation: generation), memo: memo)
+        let activation = Activation(generation: generation)
+        while nextRetired < retired.count {
+            var candidate: ActiveSource?
+            swap(&candidate, &retired[nextRetired])
+            nextRetired += 1
+            // Only this reference left (the strong count), and no weak or
+            // unowned one: nothing can reach the old activation through it.
+            if isKnownUniquelyReferenced(&candidate), let entry = candidate, entry.hasNoWeakOrUnownedReference {
+                entry.reuse(sub, activation: activation, memo: memo, epoch: epoch)
+                return entry
+            }
+        }
+        let entry = ActiveSource(sub, activation: activation, memo: memo)
         entry.epoch = epoch
         return entry
+    }
+
+    /// Releases the entries the last reconcile retired and not reused;
+    /// removes `stops` from the table and retires them (the table's
+    /// reference moves to `retired`), and this reconcile's restarted ones.
+    private func retire(_ stops: [ActiveSource]) {
+        if !retired.isEmpty {
+            retired.removeAll(keepingCapacity: true)
+            nextRetired = 0
+        }
+        let restarts = records.restarts.count
+        guard !stops.isEmpty || restarts > 0 else { return }
+        retired.reserveCapacity(stops.count + restarts)
+        PlanRecords.forEach(stops) { retired.append(table.take($0)) }
+        for r in records.restarts { retired.append(r.old) }
     }
 
     // MARK: Whole-table operations
@@ -700,6 +778,8 @@ final class ReconcileEngine {
 
     /// Forgets every group (breaks the memo/entry reference cycles).
     func dismantle() {
+        retired = []
+        nextRetired = 0
         func clear(_ memo: GroupMemo) {
             for child in memo.children.values { clear(child) }
             memo.children = [:]
@@ -739,89 +819,163 @@ final class ReconcileEngine {
 
 /// The active entries by identity: open addressing on the identity's cached
 /// hash (no re-hashing), linear probing, backward-shift deletion.
-struct EntryTable {
-    private var slots: ContiguousArray<ActiveSource?> = []
-    private var mask = -1
-    private(set) var count = 0
+///
+/// Beside each slot, one byte: 0 when the slot is empty, else `0x80` and 7
+/// bits of the hash that do not choose the slot. A lookup reads these bytes
+/// (64 slots a cache line) and reads an entry only when its byte matches, so
+/// a miss (every new identity) touches about no entry; 1 byte a slot, under
+/// 2 bytes a running subscription at the table's load.
+///
+/// The slots and bytes are allocated by the table itself (not arrays), so a
+/// lookup or a removal does no reference counting on storage; the table owns
+/// one reference to each entry in a slot.
+final class EntryTable {
+    @exclusivity(unchecked) private var slots: UnsafeMutablePointer<ActiveSource?>
+    @exclusivity(unchecked) private var tags: UnsafeMutablePointer<UInt8>
+    @exclusivity(unchecked) private var capacity: Int
+    @exclusivity(unchecked) private var mask: Int
+    @exclusivity(unchecked) private(set) var count = 0
+
+    private static let initialCapacity = 16
+
+    init() {
+        (slots, tags) = Self.allocate(Self.initialCapacity)
+        capacity = Self.initialCapacity
+        mask = capacity - 1
+    }
+
+    deinit { Self.deallocate(slots, tags, capacity) }
+
+    private static func allocate(_ capacity: Int) -> (UnsafeMutablePointer<ActiveSource?>, UnsafeMutablePointer<UInt8>) {
+        let slots = UnsafeMutablePointer<ActiveSource?>.allocate(capacity: capacity)
+        slots.initialize(repeating: nil, count: capacity)
+        let tags = UnsafeMutablePointer<UInt8>.allocate(capacity: capacity)
+        tags.initialize(repeating: 0, count: capacity)
+        return (slots, tags)
+    }
+
+    private static func deallocate(_ slots: UnsafeMutablePointer<ActiveSource?>, _ tags: UnsafeMutablePointer<UInt8>, _ capacity: Int) {
+        slots.deinitialize(count: capacity)
+        slots.deallocate()
+        tags.deallocate()
+    }
+
+    @inline(__always)
+    private static func tag(_ hash: Int) -> UInt8 { 0x80 | UInt8(truncatingIfNeeded: UInt(bitPattern: hash) &>> 57) }
+
+    /// The entry in slot `i` (occupied), unretained: the slot holds it.
+    @inline(__always)
+    private func unretained(at i: Int) -> Unmanaged<ActiveSource> {
+        UnsafeRawPointer(slots + i).load(as: Unmanaged<ActiveSource>.self)
+    }
 
     func find(_ id: borrowing SubscriptionID) -> ActiveSource? {
-        guard count > 0 else { return nil }
-        return slots.withUnsafeBufferPointer { slots in
-            var i = id.cachedHash & mask
-            while let e = slots[i] {
-                if e.id == id { return e }
-                i = (i &+ 1) & mask
+        find(id.cachedHash, id.kind.type, .passUnretained(id.keyBox))?.takeUnretainedValue()
+    }
+
+    /// The entry whose identity has cached hash `hash`, kind `kind` and a
+    /// key equal to the one in `key` (held by the caller), unretained.
+    func find(_ hash: Int, _ kind: ObjectIdentifier, _ key: Unmanaged<HashableBox>) -> Unmanaged<ActiveSource>? {
+        let t = Self.tag(hash)
+        var i = hash & mask
+        while true {
+            let x = tags[i]
+            if x == 0 { return nil }
+            if x == t {
+                let u = unretained(at: i)
+                let match = u._withUnsafeGuaranteedRef { e in
+                    guard e.id.cachedHash == hash, e.id.kind.type == kind else { return false }
+                    let k = Unmanaged.passUnretained(e.id.keyBox)
+                    return k.toOpaque() == key.toOpaque() || k._withUnsafeGuaranteedRef { a in key._withUnsafeGuaranteedRef { a.isEqual($0) } }
+                }
+                if match { return u }
             }
-            return nil
+            i = (i &+ 1) & mask
         }
     }
 
-    mutating func insert(_ entry: ActiveSource) {
-        if (count + 1) * 4 > slots.count * 3 { grow() }
+    func insert(_ entry: __owned ActiveSource) {
+        if (count + 1) * 4 > capacity * 3 { grow() }
         count += 1
         place(entry)
     }
 
-    private mutating func place(_ entry: ActiveSource) {
-        let mask = self.mask
-        slots.withUnsafeMutableBufferPointer { slots in
-            var i = entry.id.cachedHash & mask
-            while slots[i] != nil { i = (i &+ 1) & mask }
-            slots[i] = entry
-        }
+    private func place(_ entry: __owned ActiveSource) {
+        let hash = entry.id.cachedHash
+        var i = hash & mask
+        while tags[i] != 0 { i = (i &+ 1) & mask }
+        tags[i] = Self.tag(hash)
+        slots[i] = entry
     }
 
     private func slot(of entry: ActiveSource) -> Int? {
-        guard count > 0 else { return nil }
-        return slots.withUnsafeBufferPointer { slots in
-            var i = entry.id.cachedHash & mask
-            while let e = slots[i] {
-                if e === entry { return i }
-                i = (i &+ 1) & mask
-            }
-            return nil
+        let hash = entry.id.cachedHash
+        let t = Self.tag(hash)
+        let target = Unmanaged.passUnretained(entry).toOpaque()
+        var i = hash & mask
+        while true {
+            let x = tags[i]
+            if x == 0 { return nil }
+            if x == t, unretained(at: i).toOpaque() == target { return i }
+            i = (i &+ 1) & mask
         }
     }
 
-    mutating func replace(_ old: ActiveSource, with new: ActiveSource) {
+    func replace(_ old: ActiveSource, with new: ActiveSource) {
         guard let i = slot(of: old) else { return insert(new) }
         slots[i] = new
     }
 
-    mutating func remove(_ entry: ActiveSource) {
-        guard var i = slot(of: entry) else { return }
+    /// Removes `entry` and returns the table's reference to it (moved out:
+    /// no reference counting).
+    func take(_ entry: ActiveSource) -> ActiveSource? {
+        guard var i = slot(of: entry) else { return nil }
         count -= 1
         let mask = self.mask
-        slots.withUnsafeMutableBufferPointer { slots in
-            slots[i] = nil
-            var j = i
-            while true {
-                j = (j &+ 1) & mask
-                guard let x = slots[j] else { return }
-                let k = x.id.cachedHash & mask
-                // x stays if its home k lies cyclically in (i, j].
-                let stays = i <= j ? (i < k && k <= j) : (i < k || k <= j)
-                if stays { continue }
-                slots[i] = x
-                slots[j] = nil
-                i = j
-            }
+        var taken: ActiveSource?
+        swap(&taken, &slots[i])
+        tags[i] = 0
+        var j = i
+        while true {
+            j = (j &+ 1) & mask
+            guard tags[j] != 0 else { break }
+            let k = unretained(at: j)._withUnsafeGuaranteedRef { $0.id.cachedHash } & mask
+            // The entry at j stays if its home k lies cyclically in (i, j].
+            let stays = i <= j ? (i < k && k <= j) : (i < k || k <= j)
+            if stays { continue }
+            swap(&slots[i], &slots[j])
+            tags[i] = tags[j]
+            tags[j] = 0
+            i = j
         }
+        return taken
     }
 
-    private mutating func grow() {
-        let old = slots
-        let capacity = max(16, slots.count * 2)
-        slots = ContiguousArray(repeating: nil, count: capacity)
+    private func grow() {
+        let (oldSlots, oldTags, oldCapacity) = (slots, tags, capacity)
+        capacity = oldCapacity * 2
         mask = capacity - 1
-        for case let e? in old { place(e) }
+        (slots, tags) = Self.allocate(capacity)
+        for k in 0..<oldCapacity where oldTags[k] != 0 {
+            var e: ActiveSource?
+            swap(&e, &oldSlots[k])
+            if let e { place(e) }
+        }
+        Self.deallocate(oldSlots, oldTags, oldCapacity)
     }
 
-    var all: [ActiveSource] { slots.compactMap { $0 } }
+    var all: [ActiveSource] {
+        var all: [ActiveSource] = []
+        all.reserveCapacity(count)
+        for k in 0..<capacity { if let e = slots[k] { all.append(e) } }
+        return all
+    }
 
-    mutating func removeAll() {
-        slots = []
-        mask = -1
+    func removeAll() {
+        Self.deallocate(slots, tags, capacity)
+        capacity = Self.initialCapacity
+        mask = capacity - 1
+        (slots, tags) = Self.allocate(capacity)
         count = 0
     }
 }

@@ -188,6 +188,7 @@ public final class Runtime<P: Program>: DriverHost {
         state = .shutDown
         let (tasks, undelivered) = taskRegistry.close()
         let sources = reconciler.removeAll()
+        stats.stops += sources.count
         for s in sources { stop(s) }
         let dropped = mailbox[head...].map(\.message) + inbox.close().compactMap { envelope($0)?.message } + undelivered
         mailbox = []
@@ -248,6 +249,9 @@ public final class Runtime<P: Program>: DriverHost {
             lastPlan = Plan()
             return
         }
+        // The last plan's stopped entries may be reused by this reconcile's
+        // starts once nothing holds them (see `SourceTicket`).
+        lastPlan = Plan()
         let plan = reconciler.reconcile(program.subscriptions(model))
         let actions = plan.records
         reconciledModel = model
@@ -258,17 +262,16 @@ public final class Runtime<P: Program>: DriverHost {
         }
         for g in plan.groupsNotPure { report(.groupDependsOnMoreThanInput(g)) }
         if !plan.isEmpty {
-            for s in actions.stops { stop(s) }
-            for r in actions.restarts { stop(r.old) }
-            for r in actions.retunes {
-                stats.retunes += 1
-                driver.retune(r.source, from: r.from.hashable)
-            }
-            for r in actions.restarts {
-                stats.restarts += 1
-                start(r.new)
-            }
-            for s in actions.starts { start(s.source) }
+            stats.stops += actions.stops.count + actions.restarts.count
+            stats.retunes += actions.retunes.count
+            stats.restarts += actions.restarts.count
+            stats.starts += actions.restarts.count + actions.starts.count
+            let driver = self.driver
+            PlanRecords.forEach(actions.stops) { stop($0) }
+            PlanRecords.forEach(actions.restarts) { stop($0) }    // .old
+            for r in actions.retunes { driver.retune(r.source, from: r.from.hashable) }
+            PlanRecords.forEach(actions.restarts, offset: MemoryLayout<ActiveSource>.stride) { driver.start($0) }    // .new
+            PlanRecords.forEach(actions.starts) { driver.start($0) }    // .source
         }
         lastPlan = plan
         if !plan.isEmpty || !plan.duplicates.isEmpty {
@@ -277,18 +280,13 @@ public final class Runtime<P: Program>: DriverHost {
         }
     }
 
-    private func start(_ source: ActiveSource) {
-        stats.starts += 1
-        driver.start(source)
-    }
-
+    /// Stops `source` in the driver (the caller counts it in `stats`).
     private func stop(_ source: ActiveSource) {
         source.isActive = false
         if source.hasPoster {
             inbox.retire(source.activation)
             retiredPosters += 1
         }
-        stats.stops += 1
         driver.stop(source)
     }
 }

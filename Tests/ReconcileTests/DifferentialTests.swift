@@ -133,4 +133,31 @@ func mutate(_ list: inout [Spec], using rng: inout SplitMix64) {
         let active = reference.active.sorted { $0.value.generation < $1.value.generation }.map(\.key)
         #expect(reconciler.activeIDs == active)
     }
+
+    /// Starts reuse the entries of stopped sources that nothing holds; a
+    /// plan the caller still holds keeps the entries it names, so its steps
+    /// read the same later (plans are kept at random for up to 8 steps).
+    @Test(arguments: Array(1...10) as [UInt64])
+    func heldPlansReadTheSameWhileLaterStartsReuseEntries(seed: UInt64) {
+        var rng = SplitMix64(seed: seed &+ 1_000)
+        let reconciler = Reconciler<Int>()
+        var reference = ReferenceReconciler()
+        var list: [Spec] = []
+        var held: [(plan: Plan, text: String, step: Int)] = []
+        for step in 0..<3_000 {
+            mutate(&list, using: &rng)
+            let plan = reconciler.reconcile(Subscriptions(list.map { $0.subscription(tag: step) }))
+            let expected = reference.reconcile(list)
+            #expect(plan == expected, "seed \(seed) step \(step)")
+            if plan != expected { return }
+            if Bool.random(using: &rng) { held.append((plan, plan.description, step)) }
+            if held.count > 8 || (!held.isEmpty && Bool.random(using: &rng)) {
+                let h = held.removeFirst()
+                #expect(h.plan.description == h.text, "seed \(seed): plan of step \(h.step) read at step \(step)")
+            }
+        }
+        for h in held { #expect(h.plan.description == h.text, "seed \(seed): plan of step \(h.step)") }
+        let active = reference.active.sorted { $0.value.generation < $1.value.generation }.map(\.key)
+        #expect(reconciler.activeIDs == active)
+    }
 }

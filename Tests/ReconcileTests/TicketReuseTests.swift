@@ -1,0 +1,99 @@
+import Reconcile
+import ReconcileTesting
+import Testing
+
+/// A start may reuse the ticket of a source the last reconcile stopped, but
+/// only when nothing can reach the old activation through it any more.
+@Suite struct TicketReuseTests {
+    /// The object's address as a number (holds no reference to it).
+    func address(_ ticket: SourceTicket?) -> UInt? { ticket.map { UInt(bitPattern: ObjectIdentifier($0).hashValue) } }
+
+    @Test func stoppedTicketNothingHoldsIsReusedWithANewActivation() throws {
+        let driver = VirtualDriver()
+        let rt = Runtime(Keyed(), driver: driver)
+        try rt.start()
+        let old = address(driver.running[feedID("a")])
+        try rt.send(.setKeys(["b", "c"]))
+        try rt.send(.setKeys(["b", "c", "d"]))
+        let d = try #require(driver.running[feedID("d")])
+        // The same object (so reuse happens), as a new activation of d.
+        #expect(address(d) == old)
+        #expect(d.id == feedID("d"))
+        #expect(d.activation == Activation(generation: 4))
+        #expect(d.isActive && !d.hasFailed)
+        #expect(driver.log.map(\.description).suffix(2) == ["stop feed:a #1", "start feed:d #4"])
+        // Its events are d's, from the current tagger.
+        #expect(driver.emit(Feed.Event.item(5), to: feedID("d")))
+        #expect(rt.model.received == [Keyed.Received(key: "d", item: 5, generation: 0)])
+        #expect(driver.contractViolations.isEmpty)
+    }
+
+    @Test func ticketHeldWeaklyAfterItsStopIsReleasedNotReused() throws {
+        let driver = VirtualDriver()
+        let rt = Runtime(Keyed(), driver: driver)
+        try rt.start()
+        // A driver that forgot to let go: a weak reference to a's ticket.
+        weak let stale = driver.running[feedID("a")]
+        try rt.send(.setKeys(["b", "c"]))
+        #expect(stale?.id == feedID("a") && stale?.isActive == false)
+        try rt.send(.setKeys(["b", "c", "d"]))
+        // Reused, the weak reference would now reach d's activation.
+        #expect(stale == nil)
+        #expect(driver.running[feedID("d")]?.activation == Activation(generation: 4))
+        #expect(driver.emit(Feed.Event.item(5), to: feedID("d")))
+        #expect(rt.model.received == [Keyed.Received(key: "d", item: 5, generation: 0)])
+    }
+
+    @Test func ticketHeldStronglyAfterItsStopStaysStopped() throws {
+        let driver = VirtualDriver()
+        var diagnostics: [Diagnostic] = []
+        let rt = Runtime(Keyed(), driver: driver)
+        rt.diagnostics = { diagnostics.append($0) }
+        try rt.start()
+        let stale = try #require(driver.running[feedID("a")])
+        try rt.send(.setKeys(["b", "c"]))
+        try rt.send(.setKeys(["b", "c", "d"]))
+        #expect(stale !== driver.running[feedID("d")])
+        #expect(stale.id == feedID("a") && stale.activation == Activation(generation: 1) && !stale.isActive)
+        stale.fail(SourceFailure(operation: "read", reason: "late"))
+        #expect(rt.model.failures.isEmpty)
+        #expect(diagnostics == [.eventAfterStop(feedID("a"), Activation(generation: 1))])
+    }
+
+    @Test func heldPlanKeepsItsStoppedTicketsFromReuse() throws {
+        let driver = VirtualDriver()
+        let rt = Runtime(Keyed(), driver: driver)
+        var plans: [Plan] = []
+        rt.didReconcile = { plans.append($0) }
+        try rt.start()
+        try rt.send(.setKeys(["b", "c"]))
+        let stopped = plans.last?.description
+        try rt.send(.setKeys(["b", "c", "d"]))
+        try rt.send(.setKeys(["e"]))
+        // The plan that stopped a still says so after later starts.
+        #expect(plans[1].description == stopped)
+        #expect(stopped == "stop feed:a\nkeep 2")
+        #expect(driver.log.map(\.description).suffix(4) == ["stop feed:b #2", "stop feed:c #3", "stop feed:d #4", "start feed:e #5"])
+    }
+
+    @Test func lateEventOfAStoppedPosterIsNotDeliveredAsTheNextStart() throws {
+        let driver = VirtualDriver()
+        var diagnostics: [Diagnostic] = []
+        let rt = Runtime(Keyed(), driver: driver)
+        rt.diagnostics = { diagnostics.append($0) }
+        try rt.start()
+        let poster = try #require(driver.poster(for: feedID("a")))
+        #expect(poster.post(Feed.Event.item(1)) == .accepted)
+        // a stops and d starts before the loop pumps the inbox.
+        try rt.send(.setKeys(["b", "c"]))
+        try rt.send(.setKeys(["b", "c", "d"]))
+        #expect(poster.post(Feed.Event.item(2)) == .closed)
+        driver.runUntilIdle()
+        // Delivered late, as a's (its tagger), counted and reported as such.
+        #expect(rt.stats.lateDeliveries == 1)
+        #expect(rt.model.received == [Keyed.Received(key: "a", item: 1, generation: 0)])
+        #expect(diagnostics == [.lateDelivery(feedID("a"), Activation(generation: 1))])
+        // d is a new activation that got nothing.
+        #expect(driver.running[feedID("d")]?.activation == Activation(generation: 4))
+    }
+}
