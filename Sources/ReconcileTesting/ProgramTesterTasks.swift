@@ -29,6 +29,9 @@ public final class TesterEffects<Message>: CommandContext {
     /// The virtual clock tasks sleep on: a sleep ends when `advance(by:)`
     /// passes its deadline.
     public var clock: LoopClock { LoopClock(clockSource) }
+
+    /// How many sleeps on `clock` wait for `advance(by:)`.
+    public var sleepers: Int { clockSource.sleepers }
 }
 
 extension ProgramTester {

@@ -205,6 +205,21 @@ extension ProgramTester where P == TypeAhead {
         #expect(t.inFlight.isEmpty)
     }
 
+    @Test func advanceResumesSleepsInDeadlineOrderOnTheVirtualClock() {
+        var t = tester()
+        t.tasks.runsTasks = true
+        let clock = t.effects.clock
+        t.effects.tasks.run(id: "slow") { try? await clock.sleep(for: .milliseconds(300)); return .typed("slow") }
+        t.effects.tasks.run(id: "fast") { try? await clock.sleep(for: .milliseconds(100)); return .typed("fast") }
+        t.runUntilIdle()
+        #expect(t.inFlight == [TaskID("slow"), TaskID("fast")] && t.effects.sleepers == 2)
+        t.advance(by: .milliseconds(99))
+        #expect(t.model.query == "" && t.inFlight.count == 2)
+        t.advance(by: .milliseconds(401))                 // both due: fast first, then slow
+        #expect(t.model.query == "slow" && t.effects.tasks.stats.delivered == 2)
+        #expect(t.inFlight.isEmpty && t.now == .milliseconds(500))
+    }
+
     @Test func startCommandsAreInterpreted() {
         var t = tester(TypeAhead(initialQuery: "boot"))
         #expect(t.tasks.log == [.run(TaskID(1))])
