@@ -28,7 +28,8 @@ public struct ProgramTester<P: Program> {
     /// batch; a tester step is a batch of one).
     public private(set) var lastPlan: Plan
     private let reconciler = Reconciler<P.Message>()
-    /// What the interpreter is handed: the task registry and the virtual clock.
+    /// What the interpreter is handed: the task registry and the virtual
+    /// clock. A reference: copies of a tester share their tasks.
     public let effects = TesterEffects<P.Message>()
     let interpreter: ((P.Command, TesterEffects<P.Message>) -> Void)?
 

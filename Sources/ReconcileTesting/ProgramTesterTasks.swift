@@ -48,7 +48,9 @@ extension ProgramTester {
 
     /// Runs queued task jobs and delivers the tasks' results to `update`
     /// (each through `send(_:)`, so `model`, `commands` and `lastPlan` show
-    /// the last one), until nothing is left.
+    /// the last one), until nothing is left. Each result is a step of its
+    /// own, reconciled after it; the runtime may batch results that end
+    /// together into one reconcile.
     public mutating func runUntilIdle() {
         while true {
             let ran = effects.executor.runJobs()
