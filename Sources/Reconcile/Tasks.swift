@@ -193,7 +193,9 @@ public final class TaskRegistry<Message> {
     /// Called on the loop thread once every task has ended after shutdown began.
     var onSettled: (() -> Void)?
 
-    init() {}
+    /// A registry with nothing in flight (a runtime makes its own; the test
+    /// kit's `ProgramTester` makes one for its interpreter).
+    package init() {}
 
     /// The identities in flight (started, not yet ended, not cancelled).
     public var inFlight: Set<TaskID> { Set(current.keys) }
@@ -231,7 +233,7 @@ public final class TaskRegistry<Message> {
 
     // MARK: Runtime side
 
-    func attach(waker: Waker, runner: (any TaskRunner)?) {
+    package func attach(waker: Waker, runner: (any TaskRunner)?) {
         results.setWaker(waker)
         if let runner { self.runner = runner }
     }
@@ -268,7 +270,7 @@ public final class TaskRegistry<Message> {
 
     /// Moves ended tasks' results out (loop thread), in the order they ended,
     /// each with its task's ID.
-    func takeResults(_ deliver: (Message, AnyHashable) -> Void) {
+    package func takeResults(_ deliver: (Message, AnyHashable) -> Void) {
         for r in results.takeAll() {
             guard let entry = running.removeValue(forKey: r.serial) else { continue }
             if current[entry.job.id] == r.serial { current[entry.job.id] = nil }
@@ -372,6 +374,29 @@ extension TaskRegistry where Message: Sendable {
         }
     }
 }
+
+/// What a command interpreter is handed: the program's owned tasks and the
+/// clock they sleep on. `Runtime`, `Daemon` and `ProgramTester`'s
+/// `TesterEffects` conform, so one interpreter function serves all three:
+///
+/// ```swift
+/// func interpret(_ command: Command, _ context: some CommandContext<Message>) {
+///     if case .search(let id, let query) = command {
+///         let clock = context.clock
+///         context.tasks.run(id: id) { try await lookup(query, clock) } failure: { .failed(id, "\($0)") }
+///     }
+/// }
+/// ```
+public protocol CommandContext<Message>: AnyObject {
+    /// The program's message type.
+    associatedtype Message
+    /// The owned tasks, by identity.
+    var tasks: TaskRegistry<Message> { get }
+    /// The clock tasks sleep on.
+    var clock: LoopClock { get }
+}
+
+extension Runtime: CommandContext {}
 
 /// Ended tasks' results waiting for the loop: unbounded (each is one task the
 /// program started), closed at shutdown.

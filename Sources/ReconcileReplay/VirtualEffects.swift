@@ -117,12 +117,12 @@ public final class VirtualClockSource: LoopClockSource {
     }
 
     /// The earliest deadline not after `limit`.
-    func nextDeadline(notAfter limit: Duration) -> Duration? {
+    package func nextDeadline(notAfter limit: Duration) -> Duration? {
         state.withLock { s in s.sleeps.map(\.deadline).filter { $0 <= limit }.min() }
     }
 
     /// Sets the time and resumes every sleep due by then (deadline order).
-    func set(now: Duration) {
+    package func set(now: Duration) {
         let due: [CheckedContinuation<Void, any Error>] = state.withLock { s in
             s.now = max(s.now, now)
             let t = s.now
@@ -175,7 +175,7 @@ public final class VirtualTasks: TaskRunner {
     let executor: VirtualExecutor
     private var entries: [UInt64: Entry] = [:]
 
-    init(executor: VirtualExecutor) { self.executor = executor }
+    package init(executor: VirtualExecutor) { self.executor = executor }
 
     /// Records `job` (and runs it when `runsTasks` is set).
     /// - Parameter job: The task the registry started.
@@ -208,12 +208,12 @@ public final class VirtualTasks: TaskRunner {
         entries.filter { $0.value.job.id == id && (!pendingOnly || !$0.value.job.hasCompleted) }.keys.max()
     }
 
-    func complete(_ id: TaskID, with message: any Sendable, cancelled: Bool) -> Bool {
+    package func complete(_ id: TaskID, with message: any Sendable, cancelled: Bool) -> Bool {
         guard let serial = newest(id, pendingOnly: true), let e = entries[serial] else { return false }
         return e.job.complete(with: message, cancelled: cancelled)
     }
 
-    func perform(_ id: TaskID) -> Bool {
+    package func perform(_ id: TaskID) -> Bool {
         guard let serial = newest(id, pendingOnly: true), entries[serial]?.task == nil else { return false }
         perform(serial: serial)
         return true

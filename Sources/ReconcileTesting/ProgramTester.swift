@@ -7,6 +7,12 @@ import Testing
 /// It also keeps a reconciler over the desired sets, so a test can assert how
 /// the last message changed the running sources (`lastPlan`: start, keep,
 /// retune, restart, stop) exactly as the runtime would.
+///
+/// Given a command interpreter (`perform:`), it interprets every command as
+/// the runtime does, with a real `TaskRegistry` (`effects.tasks`) whose tasks
+/// are recorded by identity and run only when the test says so:
+/// `complete(task:with:)`, `perform(task:)`, `runUntilIdle()`,
+/// `advance(by:)` (ProgramTesterTasks.swift).
 public struct ProgramTester<P: Program> {
     /// The program under test.
     public let program: P
@@ -22,19 +28,56 @@ public struct ProgramTester<P: Program> {
     /// batch; a tester step is a batch of one).
     public private(set) var lastPlan: Plan
     private let reconciler = Reconciler<P.Message>()
+    /// What the interpreter is handed: the task registry and the virtual
+    /// clock. A reference: copies of a tester share their tasks.
+    public let effects = TesterEffects<P.Message>()
+    let interpreter: ((P.Command, TesterEffects<P.Message>) -> Void)?
 
     /// A tester starting from `program.start()`.
     public init(_ program: P) {
+        self.init(program, interpreter: nil)
+    }
+
+    /// A tester starting from `program.start()` that interprets every
+    /// command with `perform` (the start commands first), as the runtime
+    /// does: tasks it starts through `effects.tasks` are recorded, not run.
+    /// - Parameters:
+    ///   - program: The program under test.
+    ///   - perform: The command interpreter, e.g. one written against
+    ///     `CommandContext` and also passed to `Daemon` or `Runtime`.
+    public init(_ program: P, perform: @escaping (P.Command, TesterEffects<P.Message>) -> Void) {
+        self.init(program, interpreter: perform)
+    }
+
+    private init(_ program: P, interpreter: ((P.Command, TesterEffects<P.Message>) -> Void)?) {
         self.program = program
+        self.interpreter = interpreter
         (model, commands) = program.start()
         allCommands = commands
+        // As the runtime: the start commands are performed, then the first reconcile.
+        for c in commands { interpreter?(c, effects) }
         lastPlan = reconciler.reconcile(program.subscriptions(model))
     }
 
     /// A tester starting from `model` (no start commands).
     public init(_ program: P, model: P.Model) {
+        self.init(program, model: model, interpreter: nil)
+    }
+
+    /// A tester starting from `model` (no start commands) that interprets
+    /// every command with `perform`.
+    /// - Parameters:
+    ///   - program: The program under test.
+    ///   - model: The model to start from.
+    ///   - perform: The command interpreter.
+    public init(_ program: P, model: P.Model, perform: @escaping (P.Command, TesterEffects<P.Message>) -> Void) {
+        self.init(program, model: model, interpreter: perform)
+    }
+
+    private init(_ program: P, model: P.Model, interpreter: ((P.Command, TesterEffects<P.Message>) -> Void)?) {
         self.program = program
         self.model = model
+        self.interpreter = interpreter
         commands = []
         allCommands = []
         lastPlan = reconciler.reconcile(program.subscriptions(model))
@@ -55,6 +98,8 @@ public struct ProgramTester<P: Program> {
         let before = model
         commands = program.update(&model, message)
         allCommands += commands
+        // As the runtime: each command is performed right after its update.
+        if let interpreter { for c in commands { interpreter(c, effects) } }
         // As `Runtime.lastPlan`: an unchanged `Equatable` model is not reconciled.
         lastPlan = program.isUnchanged(before, model) ? Plan() : reconciler.reconcile(program.subscriptions(model))
         return commands

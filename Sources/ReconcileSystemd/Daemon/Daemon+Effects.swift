@@ -69,3 +69,7 @@ extension Daemon {
         mainQueue = nil
     }
 }
+
+/// An interpreter written against `CommandContext` runs under `Daemon`,
+/// `Runtime` and `ProgramTester` alike.
+extension Daemon: CommandContext {}
