@@ -71,5 +71,47 @@ extension SystemdTests {
             // The namespace's ground truth: only `lo`.
             #expect(outcome.linksAfter == ["lo"])
         }
+        @Test func aDumpThatKeepsFailingAfterOneThatWorksBacksOffFurtherEachTime() throws {
+            let delays = try inNewNetworkNamespace { () throws -> [UInt64] in
+                let loop = try EventLoop()
+                final class Seen { var last: LinkTable? }
+                let seen = Seen()
+                let watcher = try NetlinkWatcher(
+                    receiveBuffer: nil, loop: loop, logger: Logger(level: .error, handler: .stderr),
+                    onTable: { seen.last = $0 }, onFailure: { _ in })
+                defer { watcher.stop() }
+                guard try loop.run(until: { seen.last != nil }, timeout: .seconds(5)) else { return [] }
+                // Each resync: the link dump works (0), the address dump fails.
+                watcher.injectedSendErrors = [0, ENOBUFS, 0, ENOBUFS, 0, ENOBUFS]
+                watcher.resync()
+                _ = try loop.run(until: { watcher.retries >= 3 }, timeout: .seconds(5))
+                return watcher.retryDelays
+            }
+            // Doubling: a link dump that completes is not a resync that does.
+            #expect(delays == [100_000, 200_000, 400_000])
+        }
+
+        @Test func aProgramThatStopsTheWatcherOnItsFailureGetsNoRetryAndNoFurtherReads() throws {
+            let outcome = try inNewNetworkNamespace { () throws -> (events: [String], retries: Int) in
+                let loop = try EventLoop()
+                final class Seen { var events: [String] = []; var last: LinkTable?; var watcher: NetlinkWatcher? }
+                let seen = Seen()
+                let watcher = try NetlinkWatcher(
+                    receiveBuffer: nil, loop: loop, logger: Logger(level: .error, handler: .stderr),
+                    onTable: { seen.events.append("table"); seen.last = $0 },
+                    onFailure: { seen.events.append("failed \($0.code ?? 0)"); seen.watcher?.stop() })
+                seen.watcher = watcher
+                defer { watcher.stop(); seen.watcher = nil }
+                guard try loop.run(until: { seen.last != nil }, timeout: .seconds(5)) else { return ([], -1) }
+                seen.events = []
+                watcher.injectedSendErrors = [ENOBUFS]
+                watcher.resync()
+                // Past the first retry's delay: nothing more may happen.
+                _ = try loop.run(until: { false }, timeout: .milliseconds(300))
+                return (seen.events, watcher.retries)
+            }
+            #expect(outcome.events == ["failed \(ENOBUFS)"])
+            #expect(outcome.retries == 0)
+        }
     }
 }

@@ -44,6 +44,29 @@ import Testing
         #expect(rt.model.received == [Keyed.Received(key: "d", item: 5, generation: 0)])
     }
 
+    /// Reuse reads the Swift runtime's unowned count: an `unowned` (safe)
+    /// reference, which would trap on a freed object and must not reach a
+    /// new activation, keeps the ticket from reuse too.
+    @Test func ticketHeldUnownedAfterItsStopIsNotReused() throws {
+        let driver = VirtualDriver()
+        let rt = Runtime(Keyed(), driver: driver)
+        try rt.start()
+        final class Holder { unowned let ticket: SourceTicket; init(_ t: SourceTicket) { ticket = t } }
+        let holder = Holder(try #require(driver.running[feedID("a")]))
+        let old = address(holder.ticket)
+        try rt.send(.setKeys(["b", "c"]))
+        try rt.send(.setKeys(["b", "c", "d"]))
+        // Not reused: a's ticket was released (destroyed; an unowned
+        // reference keeps its memory, so no new ticket can have its address;
+        // reading it now would trap, as it should).
+        withExtendedLifetime(holder) {
+            #expect(address(driver.running[feedID("d")]) != old)
+        }
+        #expect(driver.running[feedID("d")]?.activation == Activation(generation: 4))
+        #expect(driver.emit(Feed.Event.item(5), to: feedID("d")))
+        #expect(rt.model.received == [Keyed.Received(key: "d", item: 5, generation: 0)])
+    }
+
     @Test func ticketHeldStronglyAfterItsStopStaysStopped() throws {
         let driver = VirtualDriver()
         var diagnostics: [Diagnostic] = []

@@ -46,7 +46,7 @@ final class KernelConnectivity: RunningSource {
 /// A dump that cannot be asked for (`sendto` fails) or that the kernel
 /// refuses is reported through `onFailure` (the program's failure event) and
 /// retried as a full resync on a loop timer with backoff (100 ms doubling to
-/// 5 s, back to 100 ms after a dump that completes); nothing is reported from
+/// 5 s, back to 100 ms once a full resync completes); nothing is reported from
 /// the stale table meanwhile.
 final class NetlinkWatcher {
     /// The resync retry's first delay and its ceiling (microseconds).
@@ -59,8 +59,15 @@ final class NetlinkWatcher {
     private var retry = Backoff(initial: NetlinkWatcher.retryInitial, maximum: NetlinkWatcher.retryMaximum)
     private var retryTimer: EventSource?
     /// Fault injection for tests: each dump request takes the first errno
-    /// here, if any, as `sendto`'s failure instead of reaching the kernel.
+    /// here, if any, as `sendto`'s failure instead of reaching the kernel
+    /// (0: this request reaches the kernel).
     var injectedSendErrors: [Int32] = []
+    /// The delays of the resyncs scheduled after failures (µs), for tests.
+    private(set) var retryDelays: [UInt64] = []
+    /// Set by `stop()`. `onFailure` and `onTable` run the program, which may
+    /// stop this watcher (and close its sockets, whose numbers a new watcher
+    /// may get at once): every path checks this after calling them.
+    private var stopped = false
     private let fd: Int32
     private let dumpFD: Int32
     private var source: EventSource?
@@ -119,12 +126,14 @@ final class NetlinkWatcher {
             logger.info("connectivity: netlink socket port \(bound.nl_pid)", ["NETLINK_PORT": "\(bound.nl_pid)"])
             var s: OpaquePointer?
             try check("sd_event_add_io", sd_event_add_io(loop.handle, &s, fd, UInt32(EPOLLIN.rawValue), { _, fd, _, ud in
-                Unmanaged<NetlinkWatcher>.fromOpaque(ud!).takeUnretainedValue().readable(fd)
+                let me = Unmanaged<NetlinkWatcher>.fromOpaque(ud!).takeUnretainedValue()
+                withExtendedLifetime(me) { me.readable(fd) }
                 return 0
             }, Unmanaged.passUnretained(self).toOpaque()))
             source = EventSource(s!)
             try check("sd_event_add_io", sd_event_add_io(loop.handle, &s, dumpFD, UInt32(EPOLLIN.rawValue), { _, fd, _, ud in
-                Unmanaged<NetlinkWatcher>.fromOpaque(ud!).takeUnretainedValue().readable(fd)
+                let me = Unmanaged<NetlinkWatcher>.fromOpaque(ud!).takeUnretainedValue()
+                withExtendedLifetime(me) { me.readable(fd) }
                 return 0
             }, Unmanaged.passUnretained(self).toOpaque()))
             dumpSource = EventSource(s!)
@@ -140,6 +149,7 @@ final class NetlinkWatcher {
     /// Starts (or restarts) the three dumps into a fresh table. A socket runs
     /// one dump at a time: during a dump, the restart waits for its end.
     func resync() {
+        guard !stopped else { return }
         guard dumping == nil else {
             resyncPending = true
             return
@@ -183,9 +193,10 @@ final class NetlinkWatcher {
         var kernel = sockaddr_nl()
         kernel.nl_family = sa_family_t(AF_NETLINK)
         var failed: Int32?
-        if !injectedSendErrors.isEmpty {
+        if !injectedSendErrors.isEmpty, injectedSendErrors[0] != 0 {
             failed = injectedSendErrors.removeFirst()
         } else {
+            if !injectedSendErrors.isEmpty { injectedSendErrors.removeFirst() }
             let r = withUnsafePointer(to: &kernel) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
                     sendto(dumpFD, &request, request.count, 0, $0, socklen_t(MemoryLayout<sockaddr_nl>.size))
@@ -207,16 +218,20 @@ final class NetlinkWatcher {
         routeDumpWanted = false
         resyncing = true
         onFailure(failure)
-        guard retryTimer == nil else { return }
+        // The program may have stopped this watcher: then nothing is retried.
+        guard !stopped, retryTimer == nil else { return }
         let delay = retry.take()
         retries += 1
+        retryDelays.append(delay)
         logger.warning("connectivity: \(failure), resyncing in \(delay / 1000) ms", ["RETRY": "\(retries)"])
         var s: OpaquePointer?
         let r = sd_event_add_time(loop.handle, &s, CLOCK_MONOTONIC, usecAdd(loop.now(CLOCK_MONOTONIC), delay), 1000, { _, _, ud in
             let me = Unmanaged<NetlinkWatcher>.fromOpaque(ud!).takeUnretainedValue()
-            me.retryTimer?.close()
-            me.retryTimer = nil
-            me.resync()
+            withExtendedLifetime(me) {
+                me.retryTimer?.close()
+                me.retryTimer = nil
+                me.resync()
+            }
             return 0
         }, Unmanaged.passUnretained(self).toOpaque())
         if r >= 0 {
@@ -228,7 +243,10 @@ final class NetlinkWatcher {
     }
 
     private func readable(_ fd: Int32) {
-        while true {
+        // `stopped`: handling a message may run the program, which may stop
+        // this watcher; its descriptors are closed then (and may already be
+        // another socket's).
+        while !stopped {
             var from = sockaddr_nl()
             var iov = iovec()
             let n: Int = buffer.withUnsafeMutableBytes { b in
@@ -294,7 +312,6 @@ final class NetlinkWatcher {
             }
             if resyncPending { resync(); return }
             if dumpInterrupted { sendDump(type); return }
-            retry.reset()
             if type == NL.getRoute { finishRouteDump() }
             if dumping == nil { nextDump() }
         case .route(let r, _):
@@ -318,7 +335,13 @@ final class NetlinkWatcher {
             logger.info("connectivity: a route dump still shows routes the kernel removes silently, dumping again",
                         ["ROUTE_DISPUTES": "\(routeDisputes)"])
         }
-        if dumpQueue.isEmpty { resyncing = false }
+        if dumpQueue.isEmpty, resyncing {
+            // A full resync completed: only now is the backoff reset (a
+            // link dump that works while the route dump keeps failing must
+            // not keep the retry at its first delay).
+            resyncing = false
+            retry.reset()
+        }
         if routeDumpWanted {
             routeDumpWanted = false
             sendDump(NL.getRoute)
@@ -336,6 +359,8 @@ final class NetlinkWatcher {
     }
 
     func stop() {
+        guard !stopped else { return }
+        stopped = true
         retryTimer?.close(); retryTimer = nil
         source?.close(); source = nil
         dumpSource?.close(); dumpSource = nil
