@@ -32,7 +32,7 @@ extension FileWatchSource: SystemdSource {
 /// A watch that cannot be armed (EACCES, ENOSPC, EMFILE) reports `.failed`
 /// once and retries with a bounded backoff; once armed again it reports the
 /// path's state (`.exists`, or `.deleted` if it existed before).
-final class FileWatchRunner: RunningSource {
+final class FileWatchRunner: DriverRunner {
     /// What one runner wants of one watched directory; a subscriber of the
     /// loop's shared `DirectoryWatches` entry for that directory.
     final class Watch {
@@ -79,7 +79,8 @@ final class FileWatchRunner: RunningSource {
     /// nothing (the kernel's limit, `ELOOP`).
     static let maximumLinks = 40
 
-    private let ticket: SourceTicket
+    // `ticket` (the base's, unretained: it owns this runner while it runs;
+    // read only while the flush source is armed).
     private let loop: EventLoop
     private let directories: DirectoryWatches
     private let path: String
@@ -116,7 +117,6 @@ final class FileWatchRunner: RunningSource {
     private static let selfGoneMask = UInt32(IN_DELETE_SELF | IN_MOVE_SELF)
 
     init(ticket: SourceTicket, configuration c: FileWatchSource.Configuration, loop: EventLoop, directories: DirectoryWatches) throws {
-        self.ticket = ticket
         self.loop = loop
         self.directories = directories
         guard c.path.hasPrefix("/") else {
@@ -125,6 +125,8 @@ final class FileWatchRunner: RunningSource {
         path = c.path
         componentBound = Self.slashes(in: c.path) + 1
         follow = c.symlinks == .follow
+        super.init()
+        self.ticket = ticket
         var s: OpaquePointer?
         try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in
             Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue().flushPending()
@@ -455,24 +457,20 @@ final class FileWatchRunner: RunningSource {
         let failed = failureToReport
         failureToReport = nil
         for e in events {
-            guard flush != nil else { return }   // stopped by an earlier event's update
+            guard flush != nil, let ticket else { return }   // stopped by an earlier event's update
             ticket.emit(e)
         }
-        if let failed, flush != nil { ticket.fail(failed) }
+        if let failed, flush != nil, let ticket { ticket.fail(failed) }
     }
-
-    func retune(to configuration: AnyHashable) throws {}
 
     private func closeWatches() {
         for w in watches { w.close() }
         watches = []
     }
 
-    deinit {
-        if let h = flush { sd_event_source_disable_unref(h) }
-    }
+    deinit { stop() }
 
-    func stop() {
+    override func stop() {
         closeWatches()
         retryTimer?.close(); retryTimer = nil
         if let h = flush {
