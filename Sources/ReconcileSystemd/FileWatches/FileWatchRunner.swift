@@ -10,8 +10,9 @@ extension FileWatchSource: SystemdSource {
     /// Arms inotify watches for `configuration` on the context's loop.
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
         context.driver.keepInotifyOpen()
-        return try FileWatchRunner(ticket: ticket, configuration: configuration, loop: context.loop,
-                                   directories: context.driver.directoryWatches)
+        let runner = FileWatchRunner(loop: context.loop, directories: context.driver.directoryWatches)
+        try runner.start(ticket, configuration)
+        return runner
     }
 }
 
@@ -32,6 +33,10 @@ extension FileWatchSource: SystemdSource {
 /// A watch that cannot be armed (EACCES, ENOSPC, EMFILE) reports `.failed`
 /// once and retries with a bounded backoff; once armed again it reports the
 /// path's state (`.exists`, or `.deleted` if it existed before).
+///
+/// A stopped runner can be started again for another ticket, with its
+/// `Watch` records and lists: the driver keeps stopped runners for later
+/// starts (`SystemdDriver.spareWatches`).
 final class FileWatchRunner: DriverRunner {
     /// What one runner wants of one watched directory; a subscriber of the
     /// loop's shared `DirectoryWatches` entry for that directory.
@@ -64,6 +69,14 @@ final class FileWatchRunner: DriverRunner {
             entry?.remove(self)
             entry = nil
         }
+        /// Closed and cleared, for the runner's next resolution.
+        func recycle() {
+            close()
+            name = nil
+            if !moreNames.isEmpty { moreNames.removeAll(keepingCapacity: true) }
+            content = nil
+            entries = false
+        }
     }
 
     /// What the path names.
@@ -83,12 +96,21 @@ final class FileWatchRunner: DriverRunner {
     // read only while the flush source is armed).
     private let loop: EventLoop
     private let directories: DirectoryWatches
-    private let path: String
+    private var path = ""
     /// At most this many components (its `/` bytes, plus one).
-    private let componentBound: Int
-    private let follow: Bool
+    private var componentBound = 0
+    private var follow = true
+    /// Counts starts: a flush that emits checks that it is still the same
+    /// run (the program may stop this runner, and a start reuse it, from an
+    /// emitted event).
+    private var run = 0
 
     private var watches: [Watch] = []
+    /// The list the next resolution fills (the previous `watches`, emptied:
+    /// no array per resolution).
+    private var scratch: [Watch] = []
+    /// Closed watches, reused by later resolutions and runs.
+    private var spare: [Watch] = []
     /// The deferred flush source, owned here (no wrapper object); counted
     /// in `EventSourceAccounting`, released by `stop()` or deinit.
     private var flush: OpaquePointer?
@@ -116,23 +138,35 @@ final class FileWatchRunner: DriverRunner {
     private static let contentMask = UInt32(IN_CLOSE_WRITE | IN_ATTRIB)
     private static let selfGoneMask = UInt32(IN_DELETE_SELF | IN_MOVE_SELF)
 
-    init(ticket: SourceTicket, configuration c: FileWatchSource.Configuration, loop: EventLoop, directories: DirectoryWatches) throws {
+    /// A stopped runner for watches on `loop`.
+    init(loop: EventLoop, directories: DirectoryWatches) {
         self.loop = loop
         self.directories = directories
+    }
+
+    /// Arms the (stopped) runner for `ticket` with configuration `c`; on a
+    /// throw it is stopped again.
+    func start(_ ticket: SourceTicket, _ c: FileWatchSource.Configuration) throws {
         guard c.path.hasPrefix("/") else {
             throw SourceFailure(operation: "watch \(c.path)", code: EINVAL, reason: "the path must be absolute")
         }
         path = c.path
         componentBound = Self.slashes(in: c.path) + 1
         follow = c.symlinks == .follow
-        super.init()
-        self.ticket = ticket
+        target = .missing
+        failure = nil
+        failureToReport = nil
+        needsRearm = false
+        touched = false
+        retry.reset()
         var s: OpaquePointer?
         try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in
             Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue().flushPending()
             return 0
         }, Unmanaged.passUnretained(self).toOpaque()))
         flush = s
+        run &+= 1
+        self.ticket = ticket
         EventSource.account(s!)
         // Run after this iteration's inotify events have been handed out.
         sd_event_source_set_priority(s, Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
@@ -156,22 +190,34 @@ final class FileWatchRunner: DriverRunner {
     /// Resolves the path from `/`, watching each directory before a name is
     /// looked up in it, and replaces the current watches with the new ones.
     private func resolveAndWatch() -> Result<Target, SourceFailure> {
-        var fresh: [Watch] = []
+        var fresh = scratch
+        scratch = []
         fresh.reserveCapacity(componentBound + 1)
         let result = resolve(into: &fresh)
         // The new watches are in place before the old ones go: a directory
         // in both keeps its shared source and inotify watch descriptor
         // (`DirectoryWatches`), so no event on it falls between the two.
-        let old = watches
-        switch result {
-        case .success:
+        var old = watches
+        watches = []
+        if case .failure = result {
+            recycle(&fresh)
+            scratch = fresh
+        } else {
             watches = fresh
-        case .failure:
-            for w in fresh { w.close() }
-            watches = []
         }
-        for w in old { w.close() }
+        recycle(&old)
+        if scratch.capacity < old.capacity { scratch = old }
         return result
+    }
+
+    /// Closes `list`'s watches into `spare`, leaving it empty.
+    private func recycle(_ list: inout [Watch]) {
+        guard !list.isEmpty else { return }
+        for w in list {
+            w.recycle()
+            spare.append(w)
+        }
+        list.removeAll(keepingCapacity: true)
     }
 
     private func resolve(into fresh: inout [Watch]) -> Result<Target, SourceFailure> {
@@ -192,7 +238,7 @@ final class FileWatchRunner: DriverRunner {
         func watch(_ fd: Int32, _ p: Substring) -> Watch? {
             guard let entry = directories.entry(fd, path: p, failure: &failure) else { return nil }
             if let w = fresh.first(where: { $0.entry === entry }) { return w }
-            let w = Watch(self)
+            let w = spare.popLast() ?? Watch(self)
             entry.add(w)
             w.entry = entry
             fresh.append(w)
@@ -456,16 +502,18 @@ final class FileWatchRunner: DriverRunner {
         pending = []
         let failed = failureToReport
         failureToReport = nil
+        let current = run
+        // Stopped (or stopped and started again) by an earlier event's update: no more.
+        var live: Bool { flush != nil && run == current }
         for e in events {
-            guard flush != nil, let ticket else { return }   // stopped by an earlier event's update
+            guard live, let ticket else { return }
             ticket.emit(e)
         }
-        if let failed, flush != nil, let ticket { ticket.fail(failed) }
+        if let failed, live, let ticket { ticket.fail(failed) }
     }
 
     private func closeWatches() {
-        for w in watches { w.close() }
-        watches = []
+        recycle(&watches)
     }
 
     deinit { stop() }
@@ -477,7 +525,8 @@ final class FileWatchRunner: DriverRunner {
             flush = nil
             sd_event_source_disable_unref(h)
         }
-        pending = []
+        ticket = nil
+        if !pending.isEmpty { pending.removeAll(keepingCapacity: true) }
     }
 }
 
@@ -606,7 +655,7 @@ final class DirectoryWatches {
         }
         // A handler may close watches (its own or, through a stop, others'):
         // the loop runs over a copy of the list as it was.
-        for case let w? in e.watches where w.isOpen {
+        for case let w? in e.watches where w.entry === e {
             w.runner.handle(w, mask, name)
         }
     }

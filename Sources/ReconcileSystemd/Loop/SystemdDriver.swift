@@ -26,6 +26,10 @@ public final class SystemdDriver: Driver {
     /// (no allocation and no free per timer); at most `spareTimerLimit`.
     private var spareTimers: [TimerRunner] = []
     static let spareTimerLimit = 16_384
+    /// Stopped file watch runners (unlinked, with their `Watch` records and
+    /// lists), started again by later watches; at most `spareWatchLimit`.
+    private var spareWatches: [FileWatchRunner] = []
+    static let spareWatchLimit = 16_384
     private weak var host: (any DriverHost)?
     private var wakeSource: EventSource?
     private var wakeChannel: WakeChannel?
@@ -120,7 +124,11 @@ public final class SystemdDriver: Driver {
         guard let state else { return }
         let runner = unsafeDowncast(state, to: DriverRunner.self)
         runner.stopOwned()
-        if let timer = Self.timerRunner(runner), spareTimers.count < Self.spareTimerLimit { spareTimers.append(timer) }
+        if let timer = Self.timerRunner(runner) {
+            if spareTimers.count < Self.spareTimerLimit { spareTimers.append(timer) }
+        } else if let watch = Self.watchRunner(runner), spareWatches.count < Self.spareWatchLimit {
+            spareWatches.append(watch)
+        }
     }
 
     /// A timer: its configuration read through the box's typed accessor, a
@@ -150,11 +158,15 @@ public final class SystemdDriver: Driver {
             return
         }
         keepInotifyOpen()
+        let runner = spareWatches.popLast() ?? FileWatchRunner(loop: loop, directories: directoryWatches)
         do {
-            own(try FileWatchRunner(ticket: ticket, configuration: configuration, loop: loop, directories: directoryWatches), ticket)
+            try runner.start(ticket, configuration)
         } catch {
+            spareWatches.append(runner)
             ticket.fail(Self.failure(error, ticket))
+            return
         }
+        own(runner, ticket)
     }
 
     /// A signal, the same way.
@@ -182,6 +194,12 @@ public final class SystemdDriver: Driver {
     @inline(__always)
     private static func timerRunner(_ state: DriverRunner) -> TimerRunner? {
         ObjectIdentifier(type(of: state)) == ObjectIdentifier(TimerRunner.self) ? unsafeDowncast(state, to: TimerRunner.self) : nil
+    }
+
+    /// `state` as a `FileWatchRunner`, the same way.
+    @inline(__always)
+    private static func watchRunner(_ state: DriverRunner) -> FileWatchRunner? {
+        ObjectIdentifier(type(of: state)) == ObjectIdentifier(FileWatchRunner.self) ? unsafeDowncast(state, to: FileWatchRunner.self) : nil
     }
 
     /// The `SystemdSource` conformance of `type`, cached per kind.
