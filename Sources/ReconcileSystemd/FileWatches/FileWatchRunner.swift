@@ -213,11 +213,15 @@ final class FileWatchRunner: DriverRunner {
     /// Closes `list`'s watches into `spare`, leaving it empty.
     private func recycle(_ list: inout [Watch]) {
         guard !list.isEmpty else { return }
-        for w in list {
-            w.recycle()
-            spare.append(w)
+        for i in list.indices { list[i].recycle() }
+        if spare.isEmpty {
+            // Moved whole (no reference counting per watch); `list` takes
+            // the empty spare storage.
+            swap(&spare, &list)
+        } else {
+            spare.append(contentsOf: list)
+            list.removeAll(keepingCapacity: true)
         }
-        list.removeAll(keepingCapacity: true)
     }
 
     private func resolve(into fresh: inout [Watch]) -> Result<Target, SourceFailure> {
@@ -235,8 +239,11 @@ final class FileWatchRunner: DriverRunner {
         /// linear search).
         /// On failure, nil and `failure` says why.
         var failure: SourceFailure?
-        func watch(_ fd: Int32, _ p: Substring) -> Watch? {
-            guard let entry = directories.entry(fd, path: p, failure: &failure) else { return nil }
+        /// The directory's inode when already known (`dir` was entered
+        /// from a name whose `fstat` gave it): no second `fstat`.
+        var dirKey: DirectoryWatches.Key?
+        func watch(_ fd: Int32, _ p: Substring, _ key: DirectoryWatches.Key?) -> Watch? {
+            guard let entry = directories.entry(fd, path: p, key: key, failure: &failure) else { return nil }
             if let w = fresh.first(where: { $0.entry === entry }) { return w }
             let w = spare.popLast() ?? Watch(self)
             entry.add(w)
@@ -255,15 +262,16 @@ final class FileWatchRunner: DriverRunner {
         }
         /// Only `.` components remain.
         func restIsDots() -> Bool {
-            pushed.allSatisfy(Self.isDot) && rest.allSatisfy(Self.isDot)
+            (pushed.isEmpty || pushed.allSatisfy(Self.isDot)) && rest.onlyDotsLeft
         }
         var links = 0
 
-        func enter(_ fd: Int32, _ p: Substring, prefix: Bool) {
+        func enter(_ fd: Int32, _ p: Substring, prefix: Bool, key: DirectoryWatches.Key? = nil) {
             close(dir)
             dir = fd
             dirPath = p
             dirIsPrefix = prefix
+            dirKey = key
         }
 
         while let (name, own) = pop() {
@@ -275,7 +283,7 @@ final class FileWatchRunner: DriverRunner {
                 continue
             }
             // Watch the directory before the name is looked up in it.
-            guard let here = watch(dir, dirPath) else { return .failure(failure!) }
+            guard let here = watch(dir, dirPath, dirKey) else { return .failure(failure!) }
             here.insertName(name)
             // The entry's path is the path's prefix up to `name` when `name`
             // is the path's own and follows `dirPath` after one slash (no
@@ -298,6 +306,7 @@ final class FileWatchRunner: DriverRunner {
                 return .failure(SystemdError("stat \(entryPath)", errno: e).failure)
             }
             let type = st.st_mode & S_IFMT
+            let key = DirectoryWatches.Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
             let last = restIsDots()
             if type == S_IFLNK && (!last || follow) {
                 links += 1
@@ -322,7 +331,7 @@ final class FileWatchRunner: DriverRunner {
                 // Writes to the file are seen on its directory, by name.
                 here.content = name
                 if type == S_IFDIR {
-                    guard let w = watch(fd, entryPath) else { return .failure(failure!) }
+                    guard let w = watch(fd, entryPath, key) else { return .failure(failure!) }
                     w.entries = true
                 }
                 return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
@@ -332,12 +341,12 @@ final class FileWatchRunner: DriverRunner {
                 close(fd)
                 return .success(.missing)
             }
-            enter(fd, entryPath, prefix: entryIsPrefix)
+            enter(fd, entryPath, prefix: entryIsPrefix, key: key)
         }
         // The path is `/`, or ends in `..`: the final object is `dir`.
         var st = stat()
         guard fstat(dir, &st) == 0 else { return .failure(SystemdError("stat \(dirPath)", errno: errno).failure) }
-        guard let w = watch(dir, dirPath) else { return .failure(failure!) }
+        guard let w = watch(dir, dirPath, DirectoryWatches.Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))) else { return .failure(failure!) }
         w.entries = true
         return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
     }
@@ -554,6 +563,24 @@ struct PathComponents: Sequence, IteratorProtocol {
 
     /// Reads nothing more.
     mutating func finish() { index = path.utf8.endIndex }
+
+    /// Whether every component left is `.` (read on the bytes, no slice).
+    var onlyDotsLeft: Bool {
+        let utf8 = path.utf8
+        var i = index
+        var length = 0
+        while i != utf8.endIndex {
+            let byte = utf8[i]
+            if byte == UInt8(ascii: "/") {
+                length = 0
+            } else {
+                length += 1
+                if byte != UInt8(ascii: ".") || length > 1 { return false }
+            }
+            i = utf8.index(after: i)
+        }
+        return true
+    }
 }
 
 /// The loop's inotify watches on directories, one sd-event source per
@@ -577,8 +604,10 @@ final class DirectoryWatches {
         /// The watches on this directory, each knowing its slot (O(1) add
         /// and remove, no hashing). A removed watch leaves its slot empty
         /// for the next add (removal touches no other watch); the list goes
-        /// with the last watch.
-        var watches: [FileWatchRunner.Watch?] = []
+        /// with the last watch. Unretained: a watch is owned by its runner,
+        /// which removes it here when it closes (and closes every watch
+        /// when it stops or goes away).
+        var watches: [Unmanaged<FileWatchRunner.Watch>?] = []
         private var freeSlots: [Int] = []
         private var live = 0
         init(_ table: DirectoryWatches, _ key: Key) {
@@ -589,15 +618,15 @@ final class DirectoryWatches {
             live += 1
             if let i = freeSlots.popLast() {
                 watch.slot = i
-                watches[i] = watch
+                watches[i] = Unmanaged.passUnretained(watch)
             } else {
                 watch.slot = watches.count
-                watches.append(watch)
+                watches.append(Unmanaged.passUnretained(watch))
             }
         }
         func remove(_ watch: FileWatchRunner.Watch) {
             let i = watch.slot
-            guard i < watches.count, watches[i] === watch else { return }
+            guard i < watches.count, watches[i]?.toOpaque() == Unmanaged.passUnretained(watch).toOpaque() else { return }
             watches[i] = nil
             live -= 1
             if live == 0 {
@@ -618,16 +647,20 @@ final class DirectoryWatches {
     /// How many directories are watched (tests).
     var count: Int { entries.count }
 
-    /// The entry of directory `fd` (at `path`), made (its inotify source
-    /// added) if it has none yet; the caller adds its watch to it at once.
-    /// On failure, nil and `failure` says why.
-    func entry(_ fd: Int32, path: Substring, failure: inout SourceFailure?) -> Entry? {
-        var st = stat()
-        guard fstat(fd, &st) == 0 else {
-            failure = SystemdError("stat \(path)", errno: errno).failure
-            return nil
+    /// The entry of directory `fd` (at `path`; `known`, its inode when the
+    /// caller has it from an `fstat` of the same descriptor), made (its
+    /// inotify source added) if it has none yet; the caller adds its watch
+    /// to it at once. On failure, nil and `failure` says why.
+    func entry(_ fd: Int32, path: Substring, key known: Key?, failure: inout SourceFailure?) -> Entry? {
+        let key: Key
+        if let known { key = known } else {
+            var st = stat()
+            guard fstat(fd, &st) == 0 else {
+                failure = SystemdError("stat \(path)", errno: errno).failure
+                return nil
+            }
+            key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
         }
-        let key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
         if let e = entries[key] { return e }
         let e = Entry(self, key)
         var s: OpaquePointer?
@@ -655,8 +688,11 @@ final class DirectoryWatches {
         }
         // A handler may close watches (its own or, through a stop, others'):
         // the loop runs over a copy of the list as it was.
-        for case let w? in e.watches where w.entry === e {
-            w.runner.handle(w, mask, name)
+        // No watch is freed meanwhile (a handler closes watches, never
+        // stops a runner).
+        for case let u? in e.watches {
+            let w = u.takeUnretainedValue()
+            if w.entry === e { w.runner.handle(w, mask, name) }
         }
     }
 
