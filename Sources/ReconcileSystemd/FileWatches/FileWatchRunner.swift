@@ -214,6 +214,10 @@ final class FileWatchRunner: DriverRunner {
     private func recycle(_ list: inout [Watch]) {
         guard !list.isEmpty else { return }
         for i in list.indices { list[i].recycle() }
+        // Taken back last first: a later resolution reuses them in the
+        // order they were used (the record of the path's n-th directory
+        // for the n-th directory again).
+        list.reverse()
         if spare.isEmpty {
             // Moved whole (no reference counting per watch); `list` takes
             // the empty spare storage.
