@@ -176,10 +176,10 @@ let benchOPath: Int32 = 0o10_000_000
 /// makes, made directly. A watch resolves its path one component at a time
 /// from `/` and watches every directory a name is looked up in, sharing one
 /// inotify source per directory inode among all watches: per path, the
-/// deferred flush source (priority, off), `open("/", O_PATH)`, and for each
-/// component `fstat` of the directory (its inode, the sharing key), the
-/// directory's inotify source when it is not watched yet, `openat(O_PATH |
-/// O_NOFOLLOW)`, `fstat`, `close`. Stop: the flush source's
+/// deferred flush source (priority, off), `open("/", O_PATH)` and its
+/// `fstat`, and for each component the directory's inotify source when it
+/// is not watched yet (its inode, the sharing key, from the `fstat` that
+/// found it), `openat(O_PATH | O_NOFOLLOW)`, `fstat`, `close`. Stop: the flush source's
 /// `sd_event_source_disable_unref`, and a directory's source when its last
 /// watch goes. The raw side keeps its directory table in a dictionary, as
 /// ours does. Both sides keep one inotify watch on `/` open, so sd-event
@@ -210,8 +210,9 @@ func loopWatchesBenchmark(count: Int, rounds: Int, into records: inout [Record])
                 sd_event_source_set_priority(defers[i], Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
                 sd_event_source_set_enabled(defers[i], Int32(SD_EVENT_OFF))
                 var dir = open("/", benchOPath | O_DIRECTORY | O_CLOEXEC)
+                _ = fstat(dir, &st)
                 for name in components[i] {
-                    _ = fstat(dir, &st)
+                    // `st` is the directory's: `/`, then the name just entered.
                     let key = Inode(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
                     if directories[key] != nil {
                         directories[key]!.users += 1

@@ -4,8 +4,7 @@ import Reconcile
 import ReconcileSystemd
 import Testing
 
-/// A timer and a file watch (whose runner holds its ticket: a cycle only a
-/// stop breaks); counts what reaches `update`.
+/// A timer and a file watch; counts what reaches `update`.
 struct TimerAndWatch: Program {
     let path: String
     func start() -> (Int, [Never]) { (0, []) }

@@ -160,5 +160,55 @@ extension SystemdTests {
             }
             #expect(f.reason.contains("absolute"))
         }
+
+        @Test func watchesStartedAfterOthersStoppedSeeOnlyTheirOwnPaths() throws {
+            // The driver starts stopped watches' runners again for new
+            // watches: nothing of the old watch (its directories, names,
+            // what its path named) may leak into the new one.
+            struct P: Program {
+                let dir: String
+                struct Model: Equatable { var phase = 0; var seen: [String] = [] }
+                enum Message { case event(String, FileWatchSource.Event), next }
+                func start() -> (Model, [Never]) { (Model(), []) }
+                func update(_ m: inout Model, _ message: Message) -> [Never] {
+                    switch message {
+                    case .event(let key, let e): m.seen.append("\(key) \(e)")
+                    case .next: m.phase += 1
+                    }
+                    return []
+                }
+                func subscriptions(_ m: Model) -> Subscriptions<Message> {
+                    if m.phase == 0 {
+                        return Subscriptions {
+                            Subscription.watch(dir + "/a/one") { .event("one", $0) }
+                        }
+                    }
+                    return Subscriptions { Subscription.watch(dir + "/b/three") { .event("three", $0) } }
+                }
+            }
+            defer { removeTree(dir) }
+            try FileManager.default.createDirectory(atPath: dir + "/a", withIntermediateDirectories: true)
+            try FileManager.default.createDirectory(atPath: dir + "/b", withIntermediateDirectories: true)
+            try writeFile(dir + "/a/one", "1")
+            let h = try Harness(P(dir: dir))
+            try writeFile(dir + "/a/one", "2")
+            try h.run(until: { h.runtime.model.seen == ["one modified"] })
+            try h.runtime.send(.next)
+            #expect(h.driver.runningCount == 1)
+            // The old paths change: nothing is seen.
+            try writeFile(dir + "/a/one", "3")
+            // A file in the new path's directory named as an old watch's
+            // file was (a reused record must not remember that name).
+            try writeFile(dir + "/b/one", "1")
+            try h.run(for: .milliseconds(30))
+            #expect(h.runtime.model.seen == ["one modified"])
+            // The new path is created and written: seen as its own.
+            try writeFile(dir + "/b/three", "1")
+            try h.run(until: { h.runtime.model.seen.count >= 2 })
+            try writeFile(dir + "/b/three", "2")
+            try h.run(until: { h.runtime.model.seen.count >= 3 })
+            try h.run(for: .milliseconds(20))
+            #expect(h.runtime.model.seen == ["one modified", "three created", "three modified"])
+        }
     }
 }

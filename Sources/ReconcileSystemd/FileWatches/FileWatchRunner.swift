@@ -10,8 +10,9 @@ extension FileWatchSource: SystemdSource {
     /// Arms inotify watches for `configuration` on the context's loop.
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
         context.driver.keepInotifyOpen()
-        return try FileWatchRunner(ticket: ticket, configuration: configuration, loop: context.loop,
-                                   directories: context.driver.directoryWatches)
+        let runner = FileWatchRunner(loop: context.loop, directories: context.driver.directoryWatches)
+        try runner.start(ticket, configuration)
+        return runner
     }
 }
 
@@ -32,7 +33,11 @@ extension FileWatchSource: SystemdSource {
 /// A watch that cannot be armed (EACCES, ENOSPC, EMFILE) reports `.failed`
 /// once and retries with a bounded backoff; once armed again it reports the
 /// path's state (`.exists`, or `.deleted` if it existed before).
-final class FileWatchRunner: RunningSource {
+///
+/// A stopped runner can be started again for another ticket, with its
+/// `Watch` records and lists: the driver keeps stopped runners for later
+/// starts (`SystemdDriver.spareWatches`).
+final class FileWatchRunner: DriverRunner {
     /// What one runner wants of one watched directory; a subscriber of the
     /// loop's shared `DirectoryWatches` entry for that directory.
     final class Watch {
@@ -64,6 +69,14 @@ final class FileWatchRunner: RunningSource {
             entry?.remove(self)
             entry = nil
         }
+        /// Closed and cleared, for the runner's next resolution.
+        func recycle() {
+            close()
+            name = nil
+            if !moreNames.isEmpty { moreNames.removeAll(keepingCapacity: true) }
+            content = nil
+            entries = false
+        }
     }
 
     /// What the path names.
@@ -79,15 +92,25 @@ final class FileWatchRunner: RunningSource {
     /// nothing (the kernel's limit, `ELOOP`).
     static let maximumLinks = 40
 
-    private let ticket: SourceTicket
+    // `ticket` (the base's, unretained: it owns this runner while it runs;
+    // read only while the flush source is armed).
     private let loop: EventLoop
     private let directories: DirectoryWatches
-    private let path: String
+    private var path = ""
     /// At most this many components (its `/` bytes, plus one).
-    private let componentBound: Int
-    private let follow: Bool
+    private var componentBound = 0
+    private var follow = true
+    /// Counts starts: a flush that emits checks that it is still the same
+    /// run (the program may stop this runner, and a start reuse it, from an
+    /// emitted event).
+    private var run = 0
 
     private var watches: [Watch] = []
+    /// The list the next resolution fills (the previous `watches`, emptied:
+    /// no array per resolution).
+    private var scratch: [Watch] = []
+    /// Closed watches, reused by later resolutions and runs.
+    private var spare: [Watch] = []
     /// The deferred flush source, owned here (no wrapper object); counted
     /// in `EventSourceAccounting`, released by `stop()` or deinit.
     private var flush: OpaquePointer?
@@ -115,22 +138,35 @@ final class FileWatchRunner: RunningSource {
     private static let contentMask = UInt32(IN_CLOSE_WRITE | IN_ATTRIB)
     private static let selfGoneMask = UInt32(IN_DELETE_SELF | IN_MOVE_SELF)
 
-    init(ticket: SourceTicket, configuration c: FileWatchSource.Configuration, loop: EventLoop, directories: DirectoryWatches) throws {
-        self.ticket = ticket
+    /// A stopped runner for watches on `loop`.
+    init(loop: EventLoop, directories: DirectoryWatches) {
         self.loop = loop
         self.directories = directories
+    }
+
+    /// Arms the (stopped) runner for `ticket` with configuration `c`; on a
+    /// throw it is stopped again.
+    func start(_ ticket: SourceTicket, _ c: FileWatchSource.Configuration) throws {
         guard c.path.hasPrefix("/") else {
             throw SourceFailure(operation: "watch \(c.path)", code: EINVAL, reason: "the path must be absolute")
         }
         path = c.path
         componentBound = Self.slashes(in: c.path) + 1
         follow = c.symlinks == .follow
+        target = .missing
+        failure = nil
+        failureToReport = nil
+        needsRearm = false
+        touched = false
+        retry.reset()
         var s: OpaquePointer?
         try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in
             Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue().flushPending()
             return 0
         }, Unmanaged.passUnretained(self).toOpaque()))
         flush = s
+        run &+= 1
+        self.ticket = ticket
         EventSource.account(s!)
         // Run after this iteration's inotify events have been handed out.
         sd_event_source_set_priority(s, Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
@@ -154,22 +190,42 @@ final class FileWatchRunner: RunningSource {
     /// Resolves the path from `/`, watching each directory before a name is
     /// looked up in it, and replaces the current watches with the new ones.
     private func resolveAndWatch() -> Result<Target, SourceFailure> {
-        var fresh: [Watch] = []
+        var fresh = scratch
+        scratch = []
         fresh.reserveCapacity(componentBound + 1)
         let result = resolve(into: &fresh)
         // The new watches are in place before the old ones go: a directory
         // in both keeps its shared source and inotify watch descriptor
         // (`DirectoryWatches`), so no event on it falls between the two.
-        let old = watches
-        switch result {
-        case .success:
+        var old = watches
+        watches = []
+        if case .failure = result {
+            recycle(&fresh)
+            scratch = fresh
+        } else {
             watches = fresh
-        case .failure:
-            for w in fresh { w.close() }
-            watches = []
         }
-        for w in old { w.close() }
+        recycle(&old)
+        if scratch.capacity < old.capacity { scratch = old }
         return result
+    }
+
+    /// Closes `list`'s watches into `spare`, leaving it empty.
+    private func recycle(_ list: inout [Watch]) {
+        guard !list.isEmpty else { return }
+        for i in list.indices { list[i].recycle() }
+        // Taken back last first: a later resolution reuses them in the
+        // order they were used (the record of the path's n-th directory
+        // for the n-th directory again).
+        list.reverse()
+        if spare.isEmpty {
+            // Moved whole (no reference counting per watch); `list` takes
+            // the empty spare storage.
+            swap(&spare, &list)
+        } else {
+            spare.append(contentsOf: list)
+            list.removeAll(keepingCapacity: true)
+        }
     }
 
     private func resolve(into fresh: inout [Watch]) -> Result<Target, SourceFailure> {
@@ -187,10 +243,13 @@ final class FileWatchRunner: RunningSource {
         /// linear search).
         /// On failure, nil and `failure` says why.
         var failure: SourceFailure?
-        func watch(_ fd: Int32, _ p: Substring) -> Watch? {
-            guard let entry = directories.entry(fd, path: p, failure: &failure) else { return nil }
+        /// The directory's inode when already known (`dir` was entered
+        /// from a name whose `fstat` gave it): no second `fstat`.
+        var dirKey: DirectoryWatches.Key?
+        func watch(_ fd: Int32, _ p: Substring, _ key: DirectoryWatches.Key?) -> Watch? {
+            guard let entry = directories.entry(fd, path: p, key: key, failure: &failure) else { return nil }
             if let w = fresh.first(where: { $0.entry === entry }) { return w }
-            let w = Watch(self)
+            let w = spare.popLast() ?? Watch(self)
             entry.add(w)
             w.entry = entry
             fresh.append(w)
@@ -207,15 +266,16 @@ final class FileWatchRunner: RunningSource {
         }
         /// Only `.` components remain.
         func restIsDots() -> Bool {
-            pushed.allSatisfy(Self.isDot) && rest.allSatisfy(Self.isDot)
+            (pushed.isEmpty || pushed.allSatisfy(Self.isDot)) && rest.onlyDotsLeft
         }
         var links = 0
 
-        func enter(_ fd: Int32, _ p: Substring, prefix: Bool) {
+        func enter(_ fd: Int32, _ p: Substring, prefix: Bool, key: DirectoryWatches.Key? = nil) {
             close(dir)
             dir = fd
             dirPath = p
             dirIsPrefix = prefix
+            dirKey = key
         }
 
         while let (name, own) = pop() {
@@ -227,7 +287,7 @@ final class FileWatchRunner: RunningSource {
                 continue
             }
             // Watch the directory before the name is looked up in it.
-            guard let here = watch(dir, dirPath) else { return .failure(failure!) }
+            guard let here = watch(dir, dirPath, dirKey) else { return .failure(failure!) }
             here.insertName(name)
             // The entry's path is the path's prefix up to `name` when `name`
             // is the path's own and follows `dirPath` after one slash (no
@@ -250,6 +310,7 @@ final class FileWatchRunner: RunningSource {
                 return .failure(SystemdError("stat \(entryPath)", errno: e).failure)
             }
             let type = st.st_mode & S_IFMT
+            let key = DirectoryWatches.Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
             let last = restIsDots()
             if type == S_IFLNK && (!last || follow) {
                 links += 1
@@ -274,7 +335,7 @@ final class FileWatchRunner: RunningSource {
                 // Writes to the file are seen on its directory, by name.
                 here.content = name
                 if type == S_IFDIR {
-                    guard let w = watch(fd, entryPath) else { return .failure(failure!) }
+                    guard let w = watch(fd, entryPath, key) else { return .failure(failure!) }
                     w.entries = true
                 }
                 return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
@@ -284,12 +345,12 @@ final class FileWatchRunner: RunningSource {
                 close(fd)
                 return .success(.missing)
             }
-            enter(fd, entryPath, prefix: entryIsPrefix)
+            enter(fd, entryPath, prefix: entryIsPrefix, key: key)
         }
         // The path is `/`, or ends in `..`: the final object is `dir`.
         var st = stat()
         guard fstat(dir, &st) == 0 else { return .failure(SystemdError("stat \(dirPath)", errno: errno).failure) }
-        guard let w = watch(dir, dirPath) else { return .failure(failure!) }
+        guard let w = watch(dir, dirPath, DirectoryWatches.Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))) else { return .failure(failure!) }
         w.entries = true
         return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
     }
@@ -454,32 +515,31 @@ final class FileWatchRunner: RunningSource {
         pending = []
         let failed = failureToReport
         failureToReport = nil
+        let current = run
+        // Stopped (or stopped and started again) by an earlier event's update: no more.
+        var live: Bool { flush != nil && run == current }
         for e in events {
-            guard flush != nil else { return }   // stopped by an earlier event's update
+            guard live, let ticket else { return }
             ticket.emit(e)
         }
-        if let failed, flush != nil { ticket.fail(failed) }
+        if let failed, live, let ticket { ticket.fail(failed) }
     }
-
-    func retune(to configuration: AnyHashable) throws {}
 
     private func closeWatches() {
-        for w in watches { w.close() }
-        watches = []
+        recycle(&watches)
     }
 
-    deinit {
-        if let h = flush { sd_event_source_disable_unref(h) }
-    }
+    deinit { stop() }
 
-    func stop() {
+    override func stop() {
         closeWatches()
         retryTimer?.close(); retryTimer = nil
         if let h = flush {
             flush = nil
             sd_event_source_disable_unref(h)
         }
-        pending = []
+        ticket = nil
+        if !pending.isEmpty { pending.removeAll(keepingCapacity: true) }
     }
 }
 
@@ -507,6 +567,24 @@ struct PathComponents: Sequence, IteratorProtocol {
 
     /// Reads nothing more.
     mutating func finish() { index = path.utf8.endIndex }
+
+    /// Whether every component left is `.` (read on the bytes, no slice).
+    var onlyDotsLeft: Bool {
+        let utf8 = path.utf8
+        var i = index
+        var length = 0
+        while i != utf8.endIndex {
+            let byte = utf8[i]
+            if byte == UInt8(ascii: "/") {
+                length = 0
+            } else {
+                length += 1
+                if byte != UInt8(ascii: ".") || length > 1 { return false }
+            }
+            i = utf8.index(after: i)
+        }
+        return true
+    }
 }
 
 /// The loop's inotify watches on directories, one sd-event source per
@@ -530,8 +608,10 @@ final class DirectoryWatches {
         /// The watches on this directory, each knowing its slot (O(1) add
         /// and remove, no hashing). A removed watch leaves its slot empty
         /// for the next add (removal touches no other watch); the list goes
-        /// with the last watch.
-        var watches: [FileWatchRunner.Watch?] = []
+        /// with the last watch. Unretained: a watch is owned by its runner,
+        /// which removes it here when it closes (and closes every watch
+        /// when it stops or goes away).
+        var watches: [Unmanaged<FileWatchRunner.Watch>?] = []
         private var freeSlots: [Int] = []
         private var live = 0
         init(_ table: DirectoryWatches, _ key: Key) {
@@ -542,15 +622,15 @@ final class DirectoryWatches {
             live += 1
             if let i = freeSlots.popLast() {
                 watch.slot = i
-                watches[i] = watch
+                watches[i] = Unmanaged.passUnretained(watch)
             } else {
                 watch.slot = watches.count
-                watches.append(watch)
+                watches.append(Unmanaged.passUnretained(watch))
             }
         }
         func remove(_ watch: FileWatchRunner.Watch) {
             let i = watch.slot
-            guard i < watches.count, watches[i] === watch else { return }
+            guard i < watches.count, watches[i]?.toOpaque() == Unmanaged.passUnretained(watch).toOpaque() else { return }
             watches[i] = nil
             live -= 1
             if live == 0 {
@@ -571,16 +651,20 @@ final class DirectoryWatches {
     /// How many directories are watched (tests).
     var count: Int { entries.count }
 
-    /// The entry of directory `fd` (at `path`), made (its inotify source
-    /// added) if it has none yet; the caller adds its watch to it at once.
-    /// On failure, nil and `failure` says why.
-    func entry(_ fd: Int32, path: Substring, failure: inout SourceFailure?) -> Entry? {
-        var st = stat()
-        guard fstat(fd, &st) == 0 else {
-            failure = SystemdError("stat \(path)", errno: errno).failure
-            return nil
+    /// The entry of directory `fd` (at `path`; `known`, its inode when the
+    /// caller has it from an `fstat` of the same descriptor), made (its
+    /// inotify source added) if it has none yet; the caller adds its watch
+    /// to it at once. On failure, nil and `failure` says why.
+    func entry(_ fd: Int32, path: Substring, key known: Key?, failure: inout SourceFailure?) -> Entry? {
+        let key: Key
+        if let known { key = known } else {
+            var st = stat()
+            guard fstat(fd, &st) == 0 else {
+                failure = SystemdError("stat \(path)", errno: errno).failure
+                return nil
+            }
+            key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
         }
-        let key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
         if let e = entries[key] { return e }
         let e = Entry(self, key)
         var s: OpaquePointer?
@@ -608,8 +692,11 @@ final class DirectoryWatches {
         }
         // A handler may close watches (its own or, through a stop, others'):
         // the loop runs over a copy of the list as it was.
-        for case let w? in e.watches where w.isOpen {
-            w.runner.handle(w, mask, name)
+        // No watch is freed meanwhile (a handler closes watches, never
+        // stops a runner).
+        for case let u? in e.watches {
+            let w = u.takeUnretainedValue()
+            if w.entry === e { w.runner.handle(w, mask, name) }
         }
     }
 

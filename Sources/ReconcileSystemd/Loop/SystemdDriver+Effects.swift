@@ -24,12 +24,12 @@ final class LoopTaskRunner: TaskRunner {
 }
 
 /// A task-backed source (`StreamSource`) as a running source.
-final class TaskSourceRunner: RunningSource {
+final class TaskSourceRunner: DriverRunner {
     private var stopTask: (() -> Void)?
     init(stop: @escaping () -> Void) { stopTask = stop }
-    func retune(to configuration: AnyHashable) throws {}
-    func stop() {
+    override func stop() {
         stopTask?()
         stopTask = nil
     }
+    deinit { stop() }
 }

@@ -15,18 +15,21 @@ public final class SystemdDriver: Driver {
     /// by the host from `Runtime.didReconcile` (`Logger.logReconcile(_:)`), not here.
     public var logger: Logger
 
-    /// Running sources live on their tickets (`driverState`, an
-    /// `OwnedSource`), linked unretained into this list so `detach` and
-    /// deinit can stop the ones the runtime did not.
+    /// Running sources live on their tickets (`driverState`, a
+    /// `DriverRunner`), linked unretained into this list through themselves
+    /// so `detach` and deinit can stop the ones the runtime did not.
     private let owned = OwnedSources()
     /// Each kind's `SystemdSource` conformance, looked up once per kind.
     private var kinds: [ObjectIdentifier: (any SystemdSource.Type)?] = [:]
     private var lastKind: (id: ObjectIdentifier, type: (any SystemdSource.Type)?)?
-    /// Stopped timers (unlinked nodes holding a `TimerRunner`), armed again
-    /// by later timer starts (no allocation and no free per timer); at most
-    /// `spareTimerLimit`.
-    private var spareTimers: [OwnedSource] = []
+    /// Stopped timer runners (unlinked), armed again by later timer starts
+    /// (no allocation and no free per timer); at most `spareTimerLimit`.
+    private var spareTimers: [TimerRunner] = []
     static let spareTimerLimit = 16_384
+    /// Stopped file watch runners (unlinked, with their `Watch` records and
+    /// lists), started again by later watches; at most `spareWatchLimit`.
+    private var spareWatches: [FileWatchRunner] = []
+    static let spareWatchLimit = 16_384
     private weak var host: (any DriverHost)?
     private var wakeSource: EventSource?
     private var wakeChannel: WakeChannel?
@@ -77,14 +80,14 @@ public final class SystemdDriver: Driver {
         let source = ticket.source
         switch ObjectIdentifier(source) {
         case ObjectIdentifier(TimerSource.self): startTimer(ticket); return
-        case ObjectIdentifier(FileWatchSource.self): start(ticket, FileWatchSource.self); return
-        case ObjectIdentifier(SignalSource.self): start(ticket, SignalSource.self); return
+        case ObjectIdentifier(FileWatchSource.self): startWatch(ticket); return
+        case ObjectIdentifier(SignalSource.self): startSignal(ticket); return
         default: break
         }
         guard let kind = systemdKind(source) else {
             if let kind = ticket.source as? any TaskBackedSource.Type {
                 // A task on the loop's executor (StreamSource).
-                ticket.driverState = owned.add(TaskSourceRunner(stop: kind.startTask(ticket, executor: loop.taskExecutor)), ticket)
+                own(TaskSourceRunner(stop: kind.startTask(ticket, executor: loop.taskExecutor)), ticket)
                 return
             }
             ticket.fail(SourceFailure(operation: "start \(ticket.id)",
@@ -92,7 +95,10 @@ public final class SystemdDriver: Driver {
             return
         }
         do {
-            ticket.driverState = owned.add(try kind._start(ticket, context: SourceContext(loop: loop, logger: logger, driver: self)), ticket)
+            let running = try kind._start(ticket, context: SourceContext(loop: loop, logger: logger, driver: self))
+            // A built-in runner started through the generic entry is its
+            // own node; anything else gets one.
+            if let runner = running as? DriverRunner, runner.list == nil { own(runner, ticket) } else { own(ForeignRunner(running), ticket) }
         } catch {
             ticket.fail(Self.failure(error, ticket))
         }
@@ -100,22 +106,29 @@ public final class SystemdDriver: Driver {
 
     /// Applies the ticket's new configuration in place; an error becomes a failure event.
     public func retune(_ ticket: SourceTicket, from old: AnyHashable) {
-        guard let node = ticket.driverState as? OwnedSource else { return }
-        if let timer = Self.timerRunner(node.source) {
+        guard let runner = ticket.driverState as? DriverRunner else { return }
+        if let timer = Self.timerRunner(runner) {
             guard let configuration = ticket.configuration(as: TimerSource.self) else { return }
             do { try timer.retune(to: configuration) } catch { ticket.fail(error.failure) }
             return
         }
-        let source = node.source
-        do { try source.retune(to: ticket.configuration) } catch { ticket.fail(Self.failure(error, ticket)) }
+        do { try runner.retune(to: ticket.configuration) } catch { ticket.fail(Self.failure(error, ticket)) }
     }
 
     /// Stops the source; it emits nothing afterwards.
     public func stop(_ ticket: SourceTicket) {
-        guard let source = ticket.driverState as? OwnedSource else { return }
-        ticket.driverState = nil
-        source.stop()
-        if Self.timerRunner(source.source) != nil, spareTimers.count < Self.spareTimerLimit { spareTimers.append(source) }
+        // Moved out of the ticket (no retain and release). Only this driver
+        // sets a ticket's `driverState`, always to a `DriverRunner`.
+        var state: AnyObject?
+        swap(&state, &ticket.driverState)
+        guard let state else { return }
+        let runner = unsafeDowncast(state, to: DriverRunner.self)
+        runner.stopOwned()
+        if let timer = Self.timerRunner(runner) {
+            if spareTimers.count < Self.spareTimerLimit { spareTimers.append(timer) }
+        } else if let watch = Self.watchRunner(runner), spareWatches.count < Self.spareWatchLimit {
+            spareWatches.append(watch)
+        }
     }
 
     /// A timer: its configuration read through the box's typed accessor, a
@@ -126,36 +139,67 @@ public final class SystemdDriver: Driver {
             ticket.fail(SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(TimerSource.Configuration.self)"))
             return
         }
-        let node = spareTimers.popLast() ?? OwnedSource(TimerRunner(loop: loop))
+        let runner = spareTimers.popLast() ?? TimerRunner(loop: loop)
         do {
-            try unsafeDowncast(node.source as AnyObject, to: TimerRunner.self).start(ticket, configuration)
+            try runner.start(ticket, configuration)
         } catch {
-            spareTimers.append(node)
+            spareTimers.append(runner)
             ticket.fail(error.failure)
             return
         }
-        ticket.driverState = owned.link(node, ticket)
+        own(runner, ticket)
     }
 
-    /// A built-in kind other than timers, specialised for `S`.
-    @inline(__always)
-    private func start<S: SystemdSource>(_ ticket: SourceTicket, _: S.Type) {
-        guard let configuration = ticket.configuration(as: S.self) else {
-            ticket.fail(SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(S.Configuration.self)"))
+    /// A file watch: its configuration read by one class compare, no
+    /// `SourceContext` or existential on the way.
+    private func startWatch(_ ticket: SourceTicket) {
+        guard let configuration = ticket.configuration(as: FileWatchSource.self) else {
+            ticket.fail(SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(FileWatchSource.Configuration.self)"))
+            return
+        }
+        keepInotifyOpen()
+        let runner = spareWatches.popLast() ?? FileWatchRunner(loop: loop, directories: directoryWatches)
+        do {
+            try runner.start(ticket, configuration)
+        } catch {
+            spareWatches.append(runner)
+            ticket.fail(Self.failure(error, ticket))
+            return
+        }
+        own(runner, ticket)
+    }
+
+    /// A signal, the same way.
+    private func startSignal(_ ticket: SourceTicket) {
+        guard let signal = ticket.configuration(as: SignalSource.self) else {
+            ticket.fail(SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(SignalSource.Configuration.self)"))
             return
         }
         do {
-            ticket.driverState = owned.add(try S.start(ticket, configuration, context: SourceContext(loop: loop, logger: logger, driver: self)), ticket)
+            own(try SignalRunner(ticket: ticket, signal: signal, loop: loop), ticket)
         } catch {
             ticket.fail(Self.failure(error, ticket))
         }
     }
 
+    /// Links `runner`, started for `ticket`, and hangs it on the ticket.
+    @inline(__always)
+    private func own(_ runner: DriverRunner, _ ticket: SourceTicket) {
+        owned.link(runner, ticket)
+        ticket.driverState = runner
+    }
+
     /// `state` as a `TimerRunner`, by one compare of its class (no
     /// conformance lookup).
     @inline(__always)
-    private static func timerRunner(_ state: AnyObject) -> TimerRunner? {
+    private static func timerRunner(_ state: DriverRunner) -> TimerRunner? {
         ObjectIdentifier(type(of: state)) == ObjectIdentifier(TimerRunner.self) ? unsafeDowncast(state, to: TimerRunner.self) : nil
+    }
+
+    /// `state` as a `FileWatchRunner`, the same way.
+    @inline(__always)
+    private static func watchRunner(_ state: DriverRunner) -> FileWatchRunner? {
+        ObjectIdentifier(type(of: state)) == ObjectIdentifier(FileWatchRunner.self) ? unsafeDowncast(state, to: FileWatchRunner.self) : nil
     }
 
     /// The `SystemdSource` conformance of `type`, cached per kind.
@@ -239,78 +283,89 @@ final class WakeChannel: Sendable {
     }
 }
 
-/// A running source the driver started: owned by its ticket (`driverState`),
-/// linked unretained into the driver's `OwnedSources`. Stopped exactly once:
-/// by `SystemdDriver.stop`, by the driver's detach or deinit, or when its
-/// ticket goes away without a stop.
-final class OwnedSource {
-    let source: any RunningSource
-    /// The ticket whose `driverState` holds this (it outlives this object);
-    /// nil in a node not linked yet. A stopped timer's node is linked again
-    /// for the next timer (`SystemdDriver.spareTimers`).
-    fileprivate unowned(unsafe) var ticket: SourceTicket?
+/// A running source the driver started, and its place in the driver's
+/// ownership list (intrusive: no node besides the runner). The built-in
+/// runners derive from this; a user kind's `RunningSource` is held by a
+/// `ForeignRunner`. Owned by its ticket (`driverState`), linked unretained
+/// into the driver's `OwnedSources`. Stopped exactly once: by
+/// `SystemdDriver.stop`, by the driver's detach or deinit, or when its ticket
+/// goes away without a stop (each subclass's deinit stops it).
+class DriverRunner: RunningSource {
+    /// The ticket of the current run, whose `driverState` holds this (so it
+    /// outlives the run: no reference count); set at start and link, read
+    /// by the runner only while it is armed. A stopped runner may be started
+    /// again for another ticket (timers, file watches).
+    final unowned(unsafe) var ticket: SourceTicket?
     /// The list this is linked into; nil once unlinked. Unretained: the
-    /// driver unlinks every node before its list goes (detach, deinit).
-    fileprivate unowned(unsafe) var list: OwnedSources?
-    fileprivate var prev: Unmanaged<OwnedSource>?
-    fileprivate var next: Unmanaged<OwnedSource>?
+    /// driver unlinks every runner before its list goes (detach, deinit).
+    fileprivate final unowned(unsafe) var list: OwnedSources?
+    fileprivate final var prev: Unmanaged<DriverRunner>?
+    fileprivate final var next: Unmanaged<DriverRunner>?
 
-    /// A node for `source`, not linked yet (`OwnedSources.link`).
-    init(_ source: any RunningSource) {
-        self.source = source
-    }
+    init() {}
+
+    /// Applies `configuration` in place (subclasses).
+    func retune(to configuration: AnyHashable) throws {}
+    /// Stops the source itself; may be called again (does nothing then).
+    func stop() {}
 
     /// Unlinks and stops the source (a second call does nothing).
-    func stop() {
+    final func stopOwned() {
         guard let list else { return }
         list.unlink(self)
-        source.stop()
+        stop()
     }
 
-    deinit { stop() }
+    /// A subclass's deinit has stopped the source; unlink what is left.
+    deinit { list?.unlink(self) }
 }
 
-/// The driver's running sources, a doubly linked list through their
-/// `OwnedSource` (O(1) add and remove, no table).
+/// A user kind's running source (any `RunningSource`) in the driver's list.
+final class ForeignRunner: DriverRunner {
+    let source: any RunningSource
+    init(_ source: any RunningSource) { self.source = source }
+    override func retune(to configuration: AnyHashable) throws { try source.retune(to: configuration) }
+    override func stop() { source.stop() }
+    deinit { stopOwned() }
+}
+
+/// The driver's running sources, a doubly linked list through the runners
+/// themselves (O(1) add and remove, no table, no node).
 final class OwnedSources {
-    private var head: Unmanaged<OwnedSource>?
+    private var head: Unmanaged<DriverRunner>?
     private(set) var count = 0
 
-    /// Links `source` started for `ticket`; returns its `driverState`.
-    func add(_ source: any RunningSource, _ ticket: SourceTicket) -> OwnedSource {
-        link(OwnedSource(source), ticket)
-    }
-
-    /// Links `node` (new, or stopped and unlinked) for `ticket`; returns it.
-    func link(_ node: OwnedSource, _ ticket: SourceTicket) -> OwnedSource {
-        node.ticket = ticket
-        node.list = self
-        node.next = head
-        head?.takeUnretainedValue().prev = Unmanaged.passUnretained(node)
-        head = Unmanaged.passUnretained(node)
+    /// Links `runner` (new, or stopped and unlinked) started for `ticket`.
+    @inline(__always)
+    func link(_ runner: DriverRunner, _ ticket: SourceTicket) {
+        runner.ticket = ticket
+        runner.list = self
+        runner.next = head
+        head?.takeUnretainedValue().prev = Unmanaged.passUnretained(runner)
+        head = Unmanaged.passUnretained(runner)
         count += 1
-        return node
     }
 
-    fileprivate func unlink(_ node: OwnedSource) {
-        if let p = node.prev { p.takeUnretainedValue().next = node.next } else { head = node.next }
-        node.next?.takeUnretainedValue().prev = node.prev
-        node.prev = nil
-        node.next = nil
-        node.list = nil
+    fileprivate func unlink(_ runner: DriverRunner) {
+        if let p = runner.prev { p.takeUnretainedValue().next = runner.next } else { head = runner.next }
+        runner.next?.takeUnretainedValue().prev = runner.prev
+        runner.prev = nil
+        runner.next = nil
+        runner.list = nil
         count -= 1
     }
 
     /// Stops every source still linked and clears its ticket's
-    /// `driverState` (which also breaks a source -> ticket cycle); returns
-    /// how many there were.
+    /// `driverState` (which releases the runner); returns how many there
+    /// were.
     func stopAll() -> Int {
         var stopped = 0
         while let first = head {
-            let node = first.takeUnretainedValue()
-            withExtendedLifetime(node) {
-                node.stop()
-                if let ticket = node.ticket, ticket.driverState === node { ticket.driverState = nil }
+            let runner = first.takeUnretainedValue()
+            withExtendedLifetime(runner) {
+                let ticket = runner.ticket
+                runner.stopOwned()
+                if let ticket, ticket.driverState === runner { ticket.driverState = nil }
             }
             stopped += 1
         }

@@ -59,14 +59,15 @@ extension SignalSource: SystemdSource {
 }
 
 /// A signal read through the loop (signalfd), never in an async handler.
-final class SignalRunner: RunningSource {
-    private let ticket: SourceTicket
+final class SignalRunner: DriverRunner {
+    // `ticket` (the base's, unretained: it owns this runner while it runs).
     private let signal: SignalSource.Signal
     private var source: EventSource?
 
     init(ticket: SourceTicket, signal: SignalSource.Signal, loop: EventLoop) throws {
-        self.ticket = ticket
         self.signal = signal
+        super.init()
+        self.ticket = ticket
         guard Signals.notBlockedEverywhere([signal]).isEmpty else {
             throw SourceFailure(operation: "sd_event_add_signal", code: EBUSY,
                                 reason: "\(signal) is not blocked in every thread: call Signals.block() at the start of main, before any thread starts")
@@ -85,15 +86,16 @@ final class SignalRunner: RunningSource {
     }
 
     private func received(_ sender: Int32) {
+        guard source != nil, let ticket else { return }
         ticket.emit(SignalSource.Event.received(signal, sender: sender))
     }
 
-    func retune(to configuration: AnyHashable) throws {}
-
-    func stop() {
+    override func stop() {
         source?.close()
         source = nil
     }
+
+    deinit { stop() }
 }
 
 extension String {

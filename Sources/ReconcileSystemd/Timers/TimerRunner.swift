@@ -31,12 +31,9 @@ extension TimerSource: SystemdSource {
 ///
 /// A stopped runner can be started again for another ticket: the driver
 /// keeps stopped runners for later starts (`SystemdDriver.spareTimers`).
-final class TimerRunner: RunningSource {
-    /// The ticket of the current run. The ticket owns this runner
-    /// (`driverState`) until it is stopped, and the runner reads this only
-    /// while armed (`handle` set), so it needs no reference count; stop
-    /// clears it.
-    private unowned(unsafe) var ticket: SourceTicket?
+final class TimerRunner: DriverRunner {
+    // `ticket` (the base's): read only while armed (`handle` set); stop
+    // clears it.
     private let loop: EventLoop
     private var clock: clockid_t = CLOCK_MONOTONIC
     private var repeats = true
@@ -51,6 +48,7 @@ final class TimerRunner: RunningSource {
     /// A stopped runner for timers on `loop`.
     init(loop: EventLoop) {
         self.loop = loop
+        super.init()
     }
 
     deinit { stop() }
@@ -95,7 +93,7 @@ final class TimerRunner: RunningSource {
         ticket.emit(TimerSource.Event.tick(.init(sequence: due, missed: missed)))
     }
 
-    func retune(to configuration: AnyHashable) throws {
+    override func retune(to configuration: AnyHashable) throws {
         guard let c = configuration.base as? TimerSource.Configuration else { return }
         try retune(to: c)
     }
@@ -119,7 +117,7 @@ final class TimerRunner: RunningSource {
         try check("sd_event_source_set_enabled", sd_event_source_set_enabled(handle, Int32(SD_EVENT_ONESHOT)))
     }
 
-    func stop() {
+    override func stop() {
         if let h = handle {
             handle = nil
             ticket = nil
