@@ -8,6 +8,13 @@
 ///   `fail`, and posters refuse new events.
 /// - Events are handed to the ticket on the loop's thread (`emit`, `fail`), or
 ///   from other threads through the ticket's `poster()`.
+/// - A ticket object may stand for a later activation after its `stop`: the
+///   runtime reuses a stopped ticket that nothing else references (no strong,
+///   weak or unowned reference). Let go of the ticket at `stop` (clear
+///   `driverState`); do not key state by `ObjectIdentifier(ticket)` past
+///   `stop`, and never keep an `unowned(unsafe)` or `Unmanaged` reference to
+///   it past `stop` (one the runtime cannot see). Key by `ticket.id` and
+///   `ticket.activation` instead.
 public protocol Driver: AnyObject {
     /// Connects a runtime. The driver must call `host.pumpInbox()` on the loop
     /// thread soon after the returned waker is called from any thread.

@@ -88,5 +88,27 @@ extension SystemdTests {
             #expect(driver.runningCount == 0)
             #expect(try loop.runOnce(timeout: .milliseconds(100)) == false)
         }
+
+        /// The same for a file watch (its runner once held its ticket
+        /// strongly: a cycle that left the watch armed while the driver lived).
+        @Test func aWatchWhoseTicketGoesAwayIsStoppedWhileTheDriverLives() throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            let before = EventSourceAccounting.live
+            let loop = try EventLoop()
+            let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+            do {
+                let runtime = Runtime(TimerAndWatch(path: dir + "/f"), driver: driver)
+                try runtime.start()
+                #expect(driver.runningCount == 2)
+                #expect(try loop.run(until: { runtime.model >= 1 }, timeout: .seconds(5)))
+            }
+            #expect(driver.runningCount == 0)
+            // A change to the watched path wakes nothing.
+            try writeFile(dir + "/f", "x")
+            #expect(try loop.runOnce(timeout: .milliseconds(100)) == false)
+            driver.detach()
+            #expect(EventSourceAccounting.live == before)
+        }
     }
 }
