@@ -112,8 +112,13 @@ final class FileWatchRunner: DriverRunner {
     /// Closed watches, reused by later resolutions and runs.
     private var spare: [Watch] = []
     /// The deferred flush source, owned here (no wrapper object); counted
-    /// in `EventSourceAccounting`, released by `stop()` or deinit.
+    /// in `EventSourceAccounting`. Made by the first start and kept, off,
+    /// by a stopped runner for its next start (no source per start);
+    /// released by `release()` (the driver, at detach, for its stopped
+    /// runners) or deinit.
     private var flush: OpaquePointer?
+    /// Started and not stopped since.
+    private var running = false
     private var retryTimer: EventSource?
     private var retry = Backoff(initial: FileWatchRunner.firstRetryMicroseconds, maximum: FileWatchRunner.maximumRetryMicroseconds)
     /// What the path named when last resolved.
@@ -159,18 +164,21 @@ final class FileWatchRunner: DriverRunner {
         needsRearm = false
         touched = false
         retry.reset()
-        var s: OpaquePointer?
-        try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in
-            Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue().flushPending()
-            return 0
-        }, Unmanaged.passUnretained(self).toOpaque()))
-        flush = s
+        if flush == nil {
+            var s: OpaquePointer?
+            try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in
+                Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue().flushPending()
+                return 0
+            }, Unmanaged.passUnretained(self).toOpaque()))
+            flush = s
+            EventSource.account(s!)
+            // Run after this iteration's inotify events have been handed out.
+            sd_event_source_set_priority(s, Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
+            sd_event_source_set_enabled(s, Int32(SD_EVENT_OFF))
+        }
+        running = true
         run &+= 1
         self.ticket = ticket
-        EventSource.account(s!)
-        // Run after this iteration's inotify events have been handed out.
-        sd_event_source_set_priority(s, Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
-        sd_event_source_set_enabled(s, Int32(SD_EVENT_OFF))
         // Armed now, so that nothing after the start goes unseen.
         switch resolveAndWatch() {
         case .success(let t):
@@ -401,7 +409,7 @@ final class FileWatchRunner: DriverRunner {
     // MARK: Events
 
     fileprivate func handle(_ watch: Watch, _ mask: UInt32, _ name: String?) {
-        guard watch.isOpen, flush != nil else { return }
+        guard watch.isOpen, running else { return }
         if mask & UInt32(IN_Q_OVERFLOW) != 0 {
             // Events were lost on this loop's inotify queue: say so, then
             // resolve the path again.
@@ -506,7 +514,7 @@ final class FileWatchRunner: DriverRunner {
     }
 
     private func scheduleFlush() {
-        if let h = flush { sd_event_source_set_enabled(h, Int32(SD_EVENT_ONESHOT)) }
+        if running, let h = flush { sd_event_source_set_enabled(h, Int32(SD_EVENT_ONESHOT)) }
     }
 
     private func flushPending() {
@@ -517,7 +525,7 @@ final class FileWatchRunner: DriverRunner {
         failureToReport = nil
         let current = run
         // Stopped (or stopped and started again) by an earlier event's update: no more.
-        var live: Bool { flush != nil && run == current }
+        var live: Bool { running && run == current }
         for e in events {
             guard live, let ticket else { return }
             ticket.emit(e)
@@ -529,17 +537,30 @@ final class FileWatchRunner: DriverRunner {
         recycle(&watches)
     }
 
-    deinit { stop() }
+    deinit {
+        stop()
+        release()
+    }
 
+    /// Stops; the flush source stays, off, for the next start.
     override func stop() {
         closeWatches()
         retryTimer?.close(); retryTimer = nil
+        if running {
+            running = false
+            if let h = flush { sd_event_source_set_enabled(h, Int32(SD_EVENT_OFF)) }
+        }
+        ticket = nil
+        if !pending.isEmpty { pending.removeAll(keepingCapacity: true) }
+    }
+
+    /// Releases the kept flush source of a stopped runner (nothing of it is
+    /// left on the loop); a later start makes a new one.
+    func release() {
         if let h = flush {
             flush = nil
             sd_event_source_disable_unref(h)
         }
-        ticket = nil
-        if !pending.isEmpty { pending.removeAll(keepingCapacity: true) }
     }
 }
 
