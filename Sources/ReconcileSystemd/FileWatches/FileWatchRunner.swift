@@ -43,18 +43,35 @@ final class FileWatchRunner: DriverRunner {
     final class Watch {
         unowned let runner: FileWatchRunner
         /// Names of the path looked up in this directory: a change of one
-        /// re-resolves the path. Almost always one (more only through
-        /// symlinks or `..`): the first is kept without a collection.
-        /// Slices of the watched path (or of a symlink's target).
-        var name: Substring?
+        /// re-resolves the path. Almost always one, a component of the
+        /// watched path as written: kept as its range in the runner's `path`
+        /// (no string, no reference count). Others (through symlinks or
+        /// `..`) are kept as slices.
+        var name: Range<String.Index>?
         var moreNames: [Substring] = []
-        func insertName(_ n: Substring) {
-            if name == nil { name = n } else if name != n && !moreNames.contains(n) { moreNames.append(n) }
+        /// `n`, a slice of the runner's `path` when `own`.
+        func insertName(_ n: Substring, own: Bool) {
+            if own, name == nil {
+                name = n.startIndex..<n.endIndex
+            } else if !(name.map { runner.path.utf8[$0].elementsEqual(n.utf8) } ?? false), !moreNames.contains(n) {
+                moreNames.append(n)
+            }
         }
-        func hasName(_ n: String) -> Bool { name.map { $0 == n } ?? false || moreNames.contains { $0 == n } }
+        func hasName(_ n: String) -> Bool {
+            name.map { runner.path.utf8[$0].elementsEqual(n.utf8) } ?? false || moreNames.contains { $0 == n }
+        }
         /// The final name, when this directory holds the watched file: its
-        /// writes and attribute changes are modifications.
-        var content: Substring?
+        /// writes and attribute changes are modifications. A range in the
+        /// runner's `path` when it is the path's own, else `otherContent`.
+        var content: Range<String.Index>?
+        var otherContent: Substring?
+        func setContent(_ n: Substring, own: Bool) {
+            if own { content = n.startIndex..<n.endIndex } else { otherContent = n }
+        }
+        func isContent(_ n: String) -> Bool {
+            if let r = content { return runner.path.utf8[r].elementsEqual(n.utf8) }
+            return otherContent.map { $0 == n } ?? false
+        }
         /// This directory is the watched path: its entries changing is a
         /// modification.
         var entries = false
@@ -75,6 +92,7 @@ final class FileWatchRunner: DriverRunner {
             name = nil
             if !moreNames.isEmpty { moreNames.removeAll(keepingCapacity: true) }
             content = nil
+            if otherContent != nil { otherContent = nil }
             entries = false
         }
     }
@@ -96,7 +114,7 @@ final class FileWatchRunner: DriverRunner {
     // read only while the flush source is armed).
     private let loop: EventLoop
     private let directories: DirectoryWatches
-    private var path = ""
+    fileprivate private(set) var path = ""
     /// At most this many components (its `/` bytes, plus one).
     private var componentBound = 0
     private var follow = true
@@ -296,7 +314,7 @@ final class FileWatchRunner: DriverRunner {
             }
             // Watch the directory before the name is looked up in it.
             guard let here = watch(dir, dirPath, dirKey) else { return .failure(failure!) }
-            here.insertName(name)
+            here.insertName(name, own: own)
             // The entry's path is the path's prefix up to `name` when `name`
             // is the path's own and follows `dirPath` after one slash (no
             // new string); otherwise it is joined, for messages and nested
@@ -341,7 +359,7 @@ final class FileWatchRunner: DriverRunner {
             if last {
                 defer { close(fd) }
                 // Writes to the file are seen on its directory, by name.
-                here.content = name
+                here.setContent(name, own: own)
                 if type == S_IFDIR {
                     guard let w = watch(fd, entryPath, key) else { return .failure(failure!) }
                     w.entries = true
@@ -430,7 +448,7 @@ final class FileWatchRunner: DriverRunner {
             touched = true
             scheduleRearm()
         }
-        if watch.entries || (mask & Self.contentMask != 0 && watch.content.map { $0 == name } ?? false) {
+        if watch.entries || (mask & Self.contentMask != 0 && watch.isContent(name)) {
             record(.modified)
             scheduleFlush()
         }
