@@ -123,12 +123,14 @@ final class FileWatchRunner: DriverRunner {
     /// emitted event).
     private var run = 0
 
-    private var watches: [Watch] = []
+    // The lists: no dynamic exclusivity checks (the loop thread only; no
+    // access to one overlaps another access to it).
+    @exclusivity(unchecked) private var watches: [Watch] = []
     /// The list the next resolution fills (the previous `watches`, emptied:
     /// no array per resolution).
-    private var scratch: [Watch] = []
+    @exclusivity(unchecked) private var scratch: [Watch] = []
     /// Closed watches, reused by later resolutions and runs.
-    private var spare: [Watch] = []
+    @exclusivity(unchecked) private var spare: [Watch] = []
     /// The deferred flush source, owned here (no wrapper object); counted
     /// in `EventSourceAccounting`. Made by the first start and kept, off,
     /// by a stopped runner for its next start (no source per start);
@@ -650,9 +652,11 @@ final class DirectoryWatches {
         /// with the last watch. Unretained: a watch is owned by its runner,
         /// which removes it here when it closes (and closes every watch
         /// when it stops or goes away).
-        var watches: [Unmanaged<FileWatchRunner.Watch>?] = []
-        private var freeSlots: [Int] = []
-        private var live = 0
+        /// (No dynamic exclusivity checks: the loop thread only, and no
+        /// access overlaps another; `dispatch` iterates over a copy.)
+        @exclusivity(unchecked) var watches: [Unmanaged<FileWatchRunner.Watch>?] = []
+        @exclusivity(unchecked) private var freeSlots: [Int] = []
+        @exclusivity(unchecked) private var live = 0
         init(_ table: DirectoryWatches, _ key: Key) {
             self.table = table
             self.key = key
