@@ -688,6 +688,21 @@ final class DirectoryWatches {
 
     private let loop: EventLoop
     private var entries: [Key: Entry] = [:]
+    /// A direct-mapped cache in front of `entries`, by inode: a path's
+    /// directories are mostly the same ones as the last path's (`/`, `/etc`),
+    /// found without hashing. Holds only entries that are in `entries`
+    /// (`forget` clears a slot when its entry leaves).
+    @exclusivity(unchecked) private var recent = [Entry?](repeating: nil, count: DirectoryWatches.recentSlots)
+    private static let recentSlots = 64
+
+    private static func slot(_ key: Key) -> Int { Int(truncatingIfNeeded: key.inode ^ (key.inode >> 6)) & (recentSlots - 1) }
+
+    /// `e` leaves the table.
+    private func forget(_ e: Entry) {
+        if entries[e.key] === e { entries.removeValue(forKey: e.key) }
+        let i = Self.slot(e.key)
+        if recent[i] === e { recent[i] = nil }
+    }
 
     init(loop: EventLoop) { self.loop = loop }
 
@@ -708,7 +723,12 @@ final class DirectoryWatches {
             }
             key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
         }
-        if let e = entries[key] { return e }
+        let i = Self.slot(key)
+        if let e = recent[i], e.key == key { return e }
+        if let e = entries[key] {
+            recent[i] = e
+            return e
+        }
         let e = Entry(self, key)
         var s: OpaquePointer?
         let r = sd_event_add_inotify_fd(loop.handle, &s, fd, FileWatchRunner.mask, { _, event, ud in
@@ -722,6 +742,7 @@ final class DirectoryWatches {
         }
         e.source = EventSource(s!)
         entries[key] = e
+        recent[i] = e
         return e
     }
 
@@ -731,7 +752,7 @@ final class DirectoryWatches {
         let name = CSystemd_inotify_event_name(event).map { String(cString: $0) }
         if mask & UInt32(IN_IGNORED | IN_UNMOUNT) != 0 {
             // The kernel dropped the watch: a later add must make a new one.
-            if entries[e.key] === e { entries.removeValue(forKey: e.key) }
+            forget(e)
         }
         // A handler may close watches (its own or, through a stop, others'):
         // the loop runs over a copy of the list as it was.
@@ -746,6 +767,6 @@ final class DirectoryWatches {
     fileprivate func drop(_ e: Entry) {
         e.source?.close()
         e.source = nil
-        if entries[e.key] === e { entries.removeValue(forKey: e.key) }
+        forget(e)
     }
 }
