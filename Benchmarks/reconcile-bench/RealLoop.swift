@@ -176,11 +176,12 @@ let benchOPath: Int32 = 0o10_000_000
 /// makes, made directly. A watch resolves its path one component at a time
 /// from `/` and watches every directory a name is looked up in, sharing one
 /// inotify source per directory inode among all watches: per path, the
-/// deferred flush source (priority, off), `open("/", O_PATH)` and its
+/// deferred flush source (priority, off; made by the first start and kept
+/// off by a stop for the next, as a stopped runner keeps it), `open("/", O_PATH)` and its
 /// `fstat`, and for each component the directory's inotify source when it
 /// is not watched yet (its inode, the sharing key, from the `fstat` that
-/// found it), `openat(O_PATH | O_NOFOLLOW)`, `fstat`, `close`. Stop: the flush source's
-/// `sd_event_source_disable_unref`, and a directory's source when its last
+/// found it), `openat(O_PATH | O_NOFOLLOW)`, `fstat`, `close`. Stop: the flush
+/// source turned off, and a directory's source when its last
 /// watch goes. The raw side keeps its directory table in a dictionary, as
 /// ours does. Both sides keep one inotify watch on `/` open, so sd-event
 /// never closes and reopens its inotify fd.
@@ -206,9 +207,11 @@ func loopWatchesBenchmark(count: Int, rounds: Int, into records: inout [Record])
         raw: { _ in ({
             var st = stat()
             for i in 0..<count {
-                sd_event_add_defer(raw.handle, &defers[i], { _, _ in 0 }, nil)
-                sd_event_source_set_priority(defers[i], Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
-                sd_event_source_set_enabled(defers[i], Int32(SD_EVENT_OFF))
+                if defers[i] == nil {
+                    sd_event_add_defer(raw.handle, &defers[i], { _, _ in 0 }, nil)
+                    sd_event_source_set_priority(defers[i], Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
+                    sd_event_source_set_enabled(defers[i], Int32(SD_EVENT_OFF))
+                }
                 var dir = open("/", benchOPath | O_DIRECTORY | O_CLOEXEC)
                 _ = fstat(dir, &st)
                 for name in components[i] {
@@ -233,7 +236,7 @@ func loopWatchesBenchmark(count: Int, rounds: Int, into records: inout [Record])
             }
         }, {
             for i in 0..<count {
-                defers[i] = sd_event_source_disable_unref(defers[i])
+                sd_event_source_set_enabled(defers[i], Int32(SD_EVENT_OFF))
                 for key in used[i] {
                     directories[key]!.users -= 1
                     if directories[key]!.users == 0 {
@@ -245,6 +248,7 @@ func loopWatchesBenchmark(count: Int, rounds: Int, into records: inout [Record])
             }
         }) },
         note: "file watches", into: &records)
+    for i in defers.indices { defers[i] = sd_event_source_disable_unref(defers[i]) }
     // The driver keeps one watch on `/` open while attached (its inotify keeper).
     if EventSourceAccounting.live > liveBefore + 1 { warn("loop-watches: \(EventSourceAccounting.live - liveBefore - 1) sources left") }
 }

@@ -110,5 +110,50 @@ extension SystemdTests {
             driver.detach()
             #expect(EventSourceAccounting.live == before)
         }
+
+        /// A stopped watch's runner is kept for the next watch with its
+        /// flush source (off): started again it still reports changes, and
+        /// the driver releases the kept source when it detaches.
+        @Test func aDriverReleasesTheSourcesOfStoppedWatchesItKeptAtDetach() throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            let before = EventSourceAccounting.live
+            let h = try Harness(SwitchedWatch(path: dir + "/f"))
+            try h.runtime.send(.on(true))
+            #expect(h.driver.runningCount == 1)
+            try h.runtime.send(.on(false))
+            #expect(h.driver.runningCount == 0)
+            // Stopped: a change wakes nothing.
+            try writeFile(dir + "/f", "x")
+            #expect(try h.loop.runOnce(timeout: .milliseconds(100)) == false)
+            #expect(h.runtime.model.changes == 0)
+            // Started again on the kept runner: its flush source delivers.
+            try h.runtime.send(.on(true))
+            try writeFile(dir + "/f", "y")
+            try h.run(until: { h.runtime.model.changes >= 1 })
+            try h.runtime.send(.on(false))
+            #expect(EventSourceAccounting.live > before)
+            // The kept runner's source goes at detach, while the driver lives.
+            _ = h.runtime.shutdown()
+            #expect(EventSourceAccounting.live == before)
+        }
+    }
+}
+
+/// A file watch switched on and off by messages; counts its events.
+struct SwitchedWatch: Program {
+    struct Model { var on = false; var changes = 0 }
+    enum Message: Sendable { case on(Bool), changed }
+    let path: String
+    func start() -> (Model, [Never]) { (Model(), []) }
+    func update(_ model: inout Model, _ message: Message) -> [Never] {
+        switch message {
+        case .on(let on): model.on = on
+        case .changed: model.changes += 1
+        }
+        return []
+    }
+    func subscriptions(_ model: Model) -> Subscriptions<Message> {
+        Subscriptions { model.on ? Subscription.watch(path) { _ in .changed } : nil }
     }
 }

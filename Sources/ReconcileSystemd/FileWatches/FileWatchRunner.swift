@@ -43,18 +43,35 @@ final class FileWatchRunner: DriverRunner {
     final class Watch {
         unowned let runner: FileWatchRunner
         /// Names of the path looked up in this directory: a change of one
-        /// re-resolves the path. Almost always one (more only through
-        /// symlinks or `..`): the first is kept without a collection.
-        /// Slices of the watched path (or of a symlink's target).
-        var name: Substring?
+        /// re-resolves the path. Almost always one, a component of the
+        /// watched path as written: kept as its range in the runner's `path`
+        /// (no string, no reference count). Others (through symlinks or
+        /// `..`) are kept as slices.
+        var name: Range<String.Index>?
         var moreNames: [Substring] = []
-        func insertName(_ n: Substring) {
-            if name == nil { name = n } else if name != n && !moreNames.contains(n) { moreNames.append(n) }
+        /// `n`, a slice of the runner's `path` when `own`.
+        func insertName(_ n: Substring, own: Bool) {
+            if own, name == nil {
+                name = n.startIndex..<n.endIndex
+            } else if !(name.map { runner.path.utf8[$0].elementsEqual(n.utf8) } ?? false), !moreNames.contains(n) {
+                moreNames.append(n)
+            }
         }
-        func hasName(_ n: String) -> Bool { name.map { $0 == n } ?? false || moreNames.contains { $0 == n } }
+        func hasName(_ n: String) -> Bool {
+            name.map { runner.path.utf8[$0].elementsEqual(n.utf8) } ?? false || moreNames.contains { $0 == n }
+        }
         /// The final name, when this directory holds the watched file: its
-        /// writes and attribute changes are modifications.
-        var content: Substring?
+        /// writes and attribute changes are modifications. A range in the
+        /// runner's `path` when it is the path's own, else `otherContent`.
+        var content: Range<String.Index>?
+        var otherContent: Substring?
+        func setContent(_ n: Substring, own: Bool) {
+            if own { content = n.startIndex..<n.endIndex } else { otherContent = n }
+        }
+        func isContent(_ n: String) -> Bool {
+            if let r = content { return runner.path.utf8[r].elementsEqual(n.utf8) }
+            return otherContent.map { $0 == n } ?? false
+        }
         /// This directory is the watched path: its entries changing is a
         /// modification.
         var entries = false
@@ -75,6 +92,7 @@ final class FileWatchRunner: DriverRunner {
             name = nil
             if !moreNames.isEmpty { moreNames.removeAll(keepingCapacity: true) }
             content = nil
+            if otherContent != nil { otherContent = nil }
             entries = false
         }
     }
@@ -96,7 +114,7 @@ final class FileWatchRunner: DriverRunner {
     // read only while the flush source is armed).
     private let loop: EventLoop
     private let directories: DirectoryWatches
-    private var path = ""
+    fileprivate private(set) var path = ""
     /// At most this many components (its `/` bytes, plus one).
     private var componentBound = 0
     private var follow = true
@@ -105,15 +123,22 @@ final class FileWatchRunner: DriverRunner {
     /// emitted event).
     private var run = 0
 
-    private var watches: [Watch] = []
+    // The lists: no dynamic exclusivity checks (the loop thread only; no
+    // access to one overlaps another access to it).
+    @exclusivity(unchecked) private var watches: [Watch] = []
     /// The list the next resolution fills (the previous `watches`, emptied:
     /// no array per resolution).
-    private var scratch: [Watch] = []
+    @exclusivity(unchecked) private var scratch: [Watch] = []
     /// Closed watches, reused by later resolutions and runs.
-    private var spare: [Watch] = []
+    @exclusivity(unchecked) private var spare: [Watch] = []
     /// The deferred flush source, owned here (no wrapper object); counted
-    /// in `EventSourceAccounting`, released by `stop()` or deinit.
+    /// in `EventSourceAccounting`. Made by the first start and kept, off,
+    /// by a stopped runner for its next start (no source per start);
+    /// released by `release()` (the driver, at detach, for its stopped
+    /// runners) or deinit.
     private var flush: OpaquePointer?
+    /// Started and not stopped since.
+    private var running = false
     private var retryTimer: EventSource?
     private var retry = Backoff(initial: FileWatchRunner.firstRetryMicroseconds, maximum: FileWatchRunner.maximumRetryMicroseconds)
     /// What the path named when last resolved.
@@ -159,18 +184,21 @@ final class FileWatchRunner: DriverRunner {
         needsRearm = false
         touched = false
         retry.reset()
-        var s: OpaquePointer?
-        try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in
-            Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue().flushPending()
-            return 0
-        }, Unmanaged.passUnretained(self).toOpaque()))
-        flush = s
+        if flush == nil {
+            var s: OpaquePointer?
+            try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in
+                Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue().flushPending()
+                return 0
+            }, Unmanaged.passUnretained(self).toOpaque()))
+            flush = s
+            EventSource.account(s!)
+            // Run after this iteration's inotify events have been handed out.
+            sd_event_source_set_priority(s, Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
+            sd_event_source_set_enabled(s, Int32(SD_EVENT_OFF))
+        }
+        running = true
         run &+= 1
         self.ticket = ticket
-        EventSource.account(s!)
-        // Run after this iteration's inotify events have been handed out.
-        sd_event_source_set_priority(s, Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
-        sd_event_source_set_enabled(s, Int32(SD_EVENT_OFF))
         // Armed now, so that nothing after the start goes unseen.
         switch resolveAndWatch() {
         case .success(let t):
@@ -288,7 +316,7 @@ final class FileWatchRunner: DriverRunner {
             }
             // Watch the directory before the name is looked up in it.
             guard let here = watch(dir, dirPath, dirKey) else { return .failure(failure!) }
-            here.insertName(name)
+            here.insertName(name, own: own)
             // The entry's path is the path's prefix up to `name` when `name`
             // is the path's own and follows `dirPath` after one slash (no
             // new string); otherwise it is joined, for messages and nested
@@ -333,7 +361,7 @@ final class FileWatchRunner: DriverRunner {
             if last {
                 defer { close(fd) }
                 // Writes to the file are seen on its directory, by name.
-                here.content = name
+                here.setContent(name, own: own)
                 if type == S_IFDIR {
                     guard let w = watch(fd, entryPath, key) else { return .failure(failure!) }
                     w.entries = true
@@ -401,7 +429,7 @@ final class FileWatchRunner: DriverRunner {
     // MARK: Events
 
     fileprivate func handle(_ watch: Watch, _ mask: UInt32, _ name: String?) {
-        guard watch.isOpen, flush != nil else { return }
+        guard watch.isOpen, running else { return }
         if mask & UInt32(IN_Q_OVERFLOW) != 0 {
             // Events were lost on this loop's inotify queue: say so, then
             // resolve the path again.
@@ -422,7 +450,7 @@ final class FileWatchRunner: DriverRunner {
             touched = true
             scheduleRearm()
         }
-        if watch.entries || (mask & Self.contentMask != 0 && watch.content.map { $0 == name } ?? false) {
+        if watch.entries || (mask & Self.contentMask != 0 && watch.isContent(name)) {
             record(.modified)
             scheduleFlush()
         }
@@ -506,7 +534,7 @@ final class FileWatchRunner: DriverRunner {
     }
 
     private func scheduleFlush() {
-        if let h = flush { sd_event_source_set_enabled(h, Int32(SD_EVENT_ONESHOT)) }
+        if running, let h = flush { sd_event_source_set_enabled(h, Int32(SD_EVENT_ONESHOT)) }
     }
 
     private func flushPending() {
@@ -517,7 +545,7 @@ final class FileWatchRunner: DriverRunner {
         failureToReport = nil
         let current = run
         // Stopped (or stopped and started again) by an earlier event's update: no more.
-        var live: Bool { flush != nil && run == current }
+        var live: Bool { running && run == current }
         for e in events {
             guard live, let ticket else { return }
             ticket.emit(e)
@@ -529,17 +557,30 @@ final class FileWatchRunner: DriverRunner {
         recycle(&watches)
     }
 
-    deinit { stop() }
+    deinit {
+        stop()
+        release()
+    }
 
+    /// Stops; the flush source stays, off, for the next start.
     override func stop() {
         closeWatches()
         retryTimer?.close(); retryTimer = nil
+        if running {
+            running = false
+            if let h = flush { sd_event_source_set_enabled(h, Int32(SD_EVENT_OFF)) }
+        }
+        ticket = nil
+        if !pending.isEmpty { pending.removeAll(keepingCapacity: true) }
+    }
+
+    /// Releases the kept flush source of a stopped runner (nothing of it is
+    /// left on the loop); a later start makes a new one.
+    func release() {
         if let h = flush {
             flush = nil
             sd_event_source_disable_unref(h)
         }
-        ticket = nil
-        if !pending.isEmpty { pending.removeAll(keepingCapacity: true) }
     }
 }
 
@@ -611,9 +652,11 @@ final class DirectoryWatches {
         /// with the last watch. Unretained: a watch is owned by its runner,
         /// which removes it here when it closes (and closes every watch
         /// when it stops or goes away).
-        var watches: [Unmanaged<FileWatchRunner.Watch>?] = []
-        private var freeSlots: [Int] = []
-        private var live = 0
+        /// (No dynamic exclusivity checks: the loop thread only, and no
+        /// access overlaps another; `dispatch` iterates over a copy.)
+        @exclusivity(unchecked) var watches: [Unmanaged<FileWatchRunner.Watch>?] = []
+        @exclusivity(unchecked) private var freeSlots: [Int] = []
+        @exclusivity(unchecked) private var live = 0
         init(_ table: DirectoryWatches, _ key: Key) {
             self.table = table
             self.key = key
@@ -645,6 +688,21 @@ final class DirectoryWatches {
 
     private let loop: EventLoop
     private var entries: [Key: Entry] = [:]
+    /// A direct-mapped cache in front of `entries`, by inode: a path's
+    /// directories are mostly the same ones as the last path's (`/`, `/etc`),
+    /// found without hashing. Holds only entries that are in `entries`
+    /// (`forget` clears a slot when its entry leaves).
+    @exclusivity(unchecked) private var recent = [Entry?](repeating: nil, count: DirectoryWatches.recentSlots)
+    private static let recentSlots = 64
+
+    private static func slot(_ key: Key) -> Int { Int(truncatingIfNeeded: key.inode ^ (key.inode >> 6)) & (recentSlots - 1) }
+
+    /// `e` leaves the table.
+    private func forget(_ e: Entry) {
+        if entries[e.key] === e { entries.removeValue(forKey: e.key) }
+        let i = Self.slot(e.key)
+        if recent[i] === e { recent[i] = nil }
+    }
 
     init(loop: EventLoop) { self.loop = loop }
 
@@ -665,7 +723,12 @@ final class DirectoryWatches {
             }
             key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
         }
-        if let e = entries[key] { return e }
+        let i = Self.slot(key)
+        if let e = recent[i], e.key == key { return e }
+        if let e = entries[key] {
+            recent[i] = e
+            return e
+        }
         let e = Entry(self, key)
         var s: OpaquePointer?
         let r = sd_event_add_inotify_fd(loop.handle, &s, fd, FileWatchRunner.mask, { _, event, ud in
@@ -679,6 +742,7 @@ final class DirectoryWatches {
         }
         e.source = EventSource(s!)
         entries[key] = e
+        recent[i] = e
         return e
     }
 
@@ -688,7 +752,7 @@ final class DirectoryWatches {
         let name = CSystemd_inotify_event_name(event).map { String(cString: $0) }
         if mask & UInt32(IN_IGNORED | IN_UNMOUNT) != 0 {
             // The kernel dropped the watch: a later add must make a new one.
-            if entries[e.key] === e { entries.removeValue(forKey: e.key) }
+            forget(e)
         }
         // A handler may close watches (its own or, through a stop, others'):
         // the loop runs over a copy of the list as it was.
@@ -703,6 +767,6 @@ final class DirectoryWatches {
     fileprivate func drop(_ e: Entry) {
         e.source?.close()
         e.source = nil
-        if entries[e.key] === e { entries.removeValue(forKey: e.key) }
+        forget(e)
     }
 }

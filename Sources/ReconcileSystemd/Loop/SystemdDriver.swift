@@ -224,6 +224,8 @@ public final class SystemdDriver: Driver {
         if left > 0 {
             logger.warning("detach: stopped \(left) source(s) still running (the runtime did not shut down first)")
         }
+        // Stopped watch runners keep their (off) flush source for reuse.
+        for watch in spareWatches { watch.release() }
         wakeSource?.close()
         wakeSource = nil
         inotifyKeeper?.close()
