@@ -79,16 +79,24 @@ final class ActiveSource: SourceTicket {
     /// of a new activation of `sub` (recycling: no allocation per start).
     func reuse(_ sub: UnsafePointer<SubscriptionCore>, activation: Activation, memo: GroupMemo, epoch: UInt64) {
         self.activation = activation
-        id = sub.pointee.id
-        configurationBox = sub.pointee.configurationBox
+        // The same boxes as last time (a set reused as it was) are not
+        // written again: no retain and release for them.
+        if !Self.same(id.keyBox, sub.pointee.id.keyBox) { id = sub.pointee.id }
+        if !Self.same(configurationBox, sub.pointee.configurationBox) { configurationBox = sub.pointee.configurationBox }
         isActive = true
         hasFailed = false
         hasPoster = false
         position = 0
-        if driverState != nil { driverState = nil }
-        tagger = sub.pointee.tagger
+        if state != nil { state = nil }
+        if !Self.same(tagger, sub.pointee.tagger) { tagger = sub.pointee.tagger }
         if self.memo !== memo { self.memo = memo }
         self.epoch = epoch
+    }
+
+    /// Whether `a` and `b` are one object, compared without reference counting.
+    @inline(__always)
+    private static func same(_ a: AnyObject, _ b: AnyObject) -> Bool {
+        Unmanaged.passUnretained(a).toOpaque() == Unmanaged.passUnretained(b).toOpaque()
     }
 }
 
@@ -759,7 +767,15 @@ final class ReconcileEngine {
         let restarts = records.restarts.count
         guard !stops.isEmpty || restarts > 0 else { return }
         retired.reserveCapacity(stops.count + restarts)
-        PlanRecords.forEach(stops) { retired.append(table.take($0)) }
+        if restarts == 0 && stops.count == table.count {
+            // Everything stops (the stops are distinct active entries): the
+            // table's references move to `retired` as they are and the table
+            // is emptied at once, without a lookup or removal per entry.
+            PlanRecords.forEach(stops) { retired.append(Unmanaged.passUnretained($0).takeRetainedValue()) }
+            table.abandonAll()
+        } else {
+            PlanRecords.forEach(stops) { retired.append(table.take($0)) }
+        }
         for r in records.restarts { retired.append(r.old) }
     }
 
@@ -969,6 +985,14 @@ final class EntryTable {
         all.reserveCapacity(count)
         for k in 0..<capacity { if let e = slots[k] { all.append(e) } }
         return all
+    }
+
+    /// Empties the table without releasing its entries: the caller has
+    /// taken over the table's reference to every one of them.
+    func abandonAll() {
+        for k in 0..<capacity where tags[k] != 0 { (slots + k).initialize(to: nil) }
+        tags.update(repeating: 0, count: capacity)
+        count = 0
     }
 
     func removeAll() {
