@@ -140,4 +140,21 @@ extension PlanRecords {
             }
         }
     }
+
+    /// Calls `body` with each start record's entry and configuration box,
+    /// in order, unretained (read in place, as `forEach`).
+    @inline(__always)
+    static func forEachStart(_ starts: [(source: ActiveSource, configuration: HashableBox)],
+                             _ body: (ActiveSource, Unmanaged<HashableBox>) -> Void) {
+        typealias Start = (source: ActiveSource, configuration: HashableBox)
+        starts.withUnsafeBufferPointer { buffer in
+            guard let base = buffer.baseAddress else { return }
+            let raw = UnsafeRawPointer(base)
+            for i in 0..<buffer.count {
+                let at = i &* MemoryLayout<Start>.stride
+                let box = raw.load(fromByteOffset: at &+ MemoryLayout<ActiveSource>.stride, as: Unmanaged<HashableBox>.self)
+                raw.load(fromByteOffset: at, as: Unmanaged<ActiveSource>.self)._withUnsafeGuaranteedRef { body($0, box) }
+            }
+        }
+    }
 }
