@@ -292,7 +292,11 @@ final class ReconcileEngine {
     /// last plan, the driver, the mailbox or the program) instead of
     /// allocating. Those not reused are released at the end of the next
     /// reconcile, as the last plan would have released them.
-    @exclusivity(unchecked) private var retired: ContiguousArray<ActiveSource?> = []
+    /// When everything stopped, this shares its storage with the plan's
+    /// stop list (one reference per entry for both: the plan is dropped
+    /// before the next reconcile reuses them; a plan still held makes the
+    /// first reuse copy the list, and its entries stay unreused).
+    @exclusivity(unchecked) private var retired: [ActiveSource?] = []
     @exclusivity(unchecked) private var nextRetired = 0
 
     init(root: GroupMemo, link: OwnerLink) {
@@ -724,9 +728,13 @@ final class ReconcileEngine {
 
     private func collectStops() {
         guard !scans.isEmpty || !displaced.isEmpty else { return retire([]) }
-        var stops: [ActiveSource] = []
+        var stops: [ActiveSource?] = []
         var bound = displaced.count
         for scan in scans { bound += scan.order.count - scan.from }
+        // Nothing claimed and every active entry scanned: everything stops,
+        // and the stop list takes the table's references as they are.
+        let everything = kept == 0 && records.starts.isEmpty && records.retunes.isEmpty && records.restarts.isEmpty
+            && displaced.isEmpty && bound == table.count
         stops.reserveCapacity(bound)
         displaced.withUnsafeBufferPointer { displaced in
             for (memo, u) in displaced {
@@ -739,8 +747,9 @@ final class ReconcileEngine {
         displaced.removeAll(keepingCapacity: true)
         for (memo, order, from) in scans {
             for i in from..<order.count {
-                let e = order[i].takeUnretainedValue()
-                if e.memo === memo && e.epoch != epoch { stops.append(e) }
+                let stopped = order[i]._withUnsafeGuaranteedRef { $0.memo === memo && $0.epoch != epoch }
+                assert(stopped || !everything)
+                if stopped { stops.append(everything ? order[i].takeRetainedValue() : order[i].takeUnretainedValue()) }
             }
         }
         scans.removeAll(keepingCapacity: true)
@@ -753,6 +762,14 @@ final class ReconcileEngine {
         vanished.removeAll()
         guard !stops.isEmpty else { return retire([]) }
         records.stops = Self.inActivationOrder(stops)
+        if everything {
+            // The table's references are the stop list's now; the retired
+            // list shares it (no reference counting per entry).
+            table.abandonAll()
+            retire([])
+            retired = records.stops
+            return
+        }
         retire(records.stops)
     }
 
@@ -778,7 +795,7 @@ final class ReconcileEngine {
     /// Releases the entries the last reconcile retired and not reused;
     /// removes `stops` from the table and retires them (the table's
     /// reference moves to `retired`), and this reconcile's restarted ones.
-    private func retire(_ stops: [ActiveSource]) {
+    private func retire(_ stops: [ActiveSource?]) {
         if !retired.isEmpty {
             retired.removeAll(keepingCapacity: true)
             nextRetired = 0
@@ -786,22 +803,14 @@ final class ReconcileEngine {
         let restarts = records.restarts.count
         guard !stops.isEmpty || restarts > 0 else { return }
         retired.reserveCapacity(stops.count + restarts)
-        if restarts == 0 && stops.count == table.count {
-            // Everything stops (the stops are distinct active entries): the
-            // table's references move to `retired` as they are and the table
-            // is emptied at once, without a lookup or removal per entry.
-            PlanRecords.forEach(stops) { retired.append(Unmanaged.passUnretained($0).takeRetainedValue()) }
-            table.abandonAll()
-        } else {
-            PlanRecords.forEach(stops) { retired.append(table.take($0)) }
-        }
+        PlanRecords.forEach(stops) { retired.append(table.take($0)) }
         for r in records.restarts { retired.append(r.old) }
     }
 
     // MARK: Whole-table operations
 
     /// The active entries, in activation order.
-    var activeInOrder: [ActiveSource] { Self.inActivationOrder(table.all) }
+    var activeInOrder: [ActiveSource] { Self.inActivationOrder(table.all.map { Optional($0) }).map { $0! } }
 
     /// Removes and returns every active source, in activation order (shutdown).
     func removeAll() -> [ActiveSource] {
@@ -830,22 +839,20 @@ final class ReconcileEngine {
     /// `entries` in activation order; no sort when they already are (the
     /// common case: stops come from the desired order, which is usually the
     /// order they were started in).
-    static func inActivationOrder(_ entries: [ActiveSource]) -> [ActiveSource] {
+    static func inActivationOrder(_ entries: [ActiveSource?]) -> [ActiveSource?] {
         var sorted = true
         var last: UInt64 = 0
-        for e in entries {
-            if e.activation.generation < last {
-                sorted = false
-                break
-            }
+        PlanRecords.forEach(entries) { e in
+            guard sorted else { return }
+            if e.activation.generation < last { sorted = false }
             last = e.activation.generation
         }
         if sorted { return entries }
         var order: [(UInt64, Int)] = []
         order.reserveCapacity(entries.count)
-        for i in entries.indices { order.append((entries[i].activation.generation, i)) }
+        for i in entries.indices { order.append((entries[i]!.activation.generation, i)) }
         order.sort { $0.0 < $1.0 }
-        var result: [ActiveSource] = []
+        var result: [ActiveSource?] = []
         result.reserveCapacity(entries.count)
         for (_, i) in order { result.append(entries[i]) }
         return result
