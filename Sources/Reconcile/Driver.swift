@@ -94,7 +94,21 @@ public class SourceTicket {
     @exclusivity(unchecked) final var position: UInt32 = 0
     /// The driver's own state for this activation (its running source), so a
     /// driver needs no table of its own. The runtime never reads it.
-    @exclusivity(unchecked) public final var driverState: AnyObject?
+    public final var driverState: AnyObject? {
+        get { state }
+        set { state = newValue }
+    }
+    /// `driverState`'s storage. Accessed only in this module, where its
+    /// exclusivity is unchecked (a driver's direct access from its own
+    /// module would be checked dynamically, twice per start and stop).
+    @exclusivity(unchecked) final var state: AnyObject?
+
+    /// Moves `driverState` out, leaving nil (no retain and release).
+    public final func takeDriverState() -> AnyObject? {
+        var taken: AnyObject?
+        swap(&taken, &state)
+        return taken
+    }
 
     init(activation: Activation, id: SubscriptionID, configurationBox: HashableBox) {
         self.activation = activation

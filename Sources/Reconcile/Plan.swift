@@ -107,7 +107,8 @@ public struct Plan: Equatable, CustomStringConvertible {
 /// The runtime reads the entries in place (`forEach`): each list's entry is
 /// its elements' first field, a restart's new entry the second.
 struct PlanRecords {
-    var stops: [ActiveSource] = []
+    /// Never nil (optional so the reconciler's retired list can share it).
+    var stops: [ActiveSource?] = []
     var restarts: [(old: ActiveSource, new: ActiveSource, to: HashableBox)] = []
     var retunes: [(source: ActiveSource, from: HashableBox, to: HashableBox)] = []
     var starts: [(source: ActiveSource, configuration: HashableBox)] = []
@@ -117,7 +118,7 @@ struct PlanRecords {
     var steps: [Plan.Step] {
         var steps: [Plan.Step] = []
         steps.reserveCapacity(stops.count + restarts.count + retunes.count + starts.count)
-        for s in stops { steps.append(.stop(s.id)) }
+        for s in stops { steps.append(.stop(s!.id)) }
         for r in restarts { steps.append(.restart(r.new.id, from: r.old.configurationBox.hashable, to: r.to.hashable)) }
         for r in retunes { steps.append(.retune(r.source.id, from: r.from.hashable, to: r.to.hashable)) }
         for s in starts { steps.append(.start(s.source.id, s.configuration.hashable)) }
@@ -137,6 +138,23 @@ extension PlanRecords {
             for i in 0..<buffer.count {
                 raw.load(fromByteOffset: i &* MemoryLayout<Element>.stride &+ offset, as: Unmanaged<ActiveSource>.self)
                     ._withUnsafeGuaranteedRef(body)
+            }
+        }
+    }
+
+    /// Calls `body` with each start record's entry and configuration box,
+    /// in order, unretained (read in place, as `forEach`).
+    @inline(__always)
+    static func forEachStart(_ starts: [(source: ActiveSource, configuration: HashableBox)],
+                             _ body: (ActiveSource, Unmanaged<HashableBox>) -> Void) {
+        typealias Start = (source: ActiveSource, configuration: HashableBox)
+        starts.withUnsafeBufferPointer { buffer in
+            guard let base = buffer.baseAddress else { return }
+            let raw = UnsafeRawPointer(base)
+            for i in 0..<buffer.count {
+                let at = i &* MemoryLayout<Start>.stride
+                let box = raw.load(fromByteOffset: at &+ MemoryLayout<ActiveSource>.stride, as: Unmanaged<HashableBox>.self)
+                raw.load(fromByteOffset: at, as: Unmanaged<ActiveSource>.self)._withUnsafeGuaranteedRef { body($0, box) }
             }
         }
     }

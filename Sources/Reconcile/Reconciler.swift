@@ -79,16 +79,24 @@ final class ActiveSource: SourceTicket {
     /// of a new activation of `sub` (recycling: no allocation per start).
     func reuse(_ sub: UnsafePointer<SubscriptionCore>, activation: Activation, memo: GroupMemo, epoch: UInt64) {
         self.activation = activation
-        id = sub.pointee.id
-        configurationBox = sub.pointee.configurationBox
+        // The same boxes as last time (a set reused as it was) are not
+        // written again: no retain and release for them.
+        if !Self.same(id.keyBox, sub.pointee.id.keyBox) { id = sub.pointee.id }
+        if !Self.same(configurationBox, sub.pointee.configurationBox) { configurationBox = sub.pointee.configurationBox }
         isActive = true
         hasFailed = false
         hasPoster = false
         position = 0
-        if driverState != nil { driverState = nil }
-        tagger = sub.pointee.tagger
+        if state != nil { state = nil }
+        if !Self.same(tagger, sub.pointee.tagger) { tagger = sub.pointee.tagger }
         if self.memo !== memo { self.memo = memo }
         self.epoch = epoch
+    }
+
+    /// Whether `a` and `b` are one object, compared without reference counting.
+    @inline(__always)
+    private static func same(_ a: AnyObject, _ b: AnyObject) -> Bool {
+        Unmanaged.passUnretained(a).toOpaque() == Unmanaged.passUnretained(b).toOpaque()
     }
 }
 
@@ -213,6 +221,14 @@ public final class Reconciler<Message> {
         engine.reconcile(desired)
     }
 
+    /// The same for a runtime that executes the plan at once: the start
+    /// records' configuration boxes are not retained yet, and the caller
+    /// must retain each one (`PlanRecords.forEachStart`) before anything
+    /// can release the plan (see `ReconcileEngine.reconcile`).
+    func reconcileDeferringBoxRetains(_ desired: Subscriptions<Message>) -> Plan {
+        engine.reconcile(desired, deferringBoxRetains: true)
+    }
+
     /// The plan that moves a runtime whose active set is `current` to `desired`.
     public static func plan(from current: Subscriptions<Message>, to desired: Subscriptions<Message>) -> Plan {
         let r = Reconciler()
@@ -276,7 +292,11 @@ final class ReconcileEngine {
     /// last plan, the driver, the mailbox or the program) instead of
     /// allocating. Those not reused are released at the end of the next
     /// reconcile, as the last plan would have released them.
-    @exclusivity(unchecked) private var retired: ContiguousArray<ActiveSource?> = []
+    /// When everything stopped, this shares its storage with the plan's
+    /// stop list (one reference per entry for both: the plan is dropped
+    /// before the next reconcile reuses them; a plan still held makes the
+    /// first reuse copy the list, and its entries stay unreused).
+    @exclusivity(unchecked) private var retired: [ActiveSource?] = []
     @exclusivity(unchecked) private var nextRetired = 0
 
     init(root: GroupMemo, link: OwnerLink) {
@@ -285,7 +305,14 @@ final class ReconcileEngine {
         self.current = root
     }
 
-    func reconcile<M>(_ desired: Subscriptions<M>) -> Plan {
+    /// With `deferringBoxRetains`, a start record holds its configuration
+    /// box as a strong reference whose retain has not happened yet: during
+    /// the reconcile the desired set holds the box, and after it the new
+    /// entry does (its box changes only in a later reconcile). The runtime
+    /// retains each box as it starts the source, when the driver reads the
+    /// box anyway (one cache miss per start instead of two). Otherwise the
+    /// boxes are retained here, before the plan is returned.
+    func reconcile<M>(_ desired: Subscriptions<M>, deferringBoxRetains: Bool = false) -> Plan {
         precondition(MemoryLayout<Subscription<M>>.stride == MemoryLayout<SubscriptionCore>.stride)
         epoch &+= 1
         records = PlanRecords()
@@ -296,7 +323,10 @@ final class ReconcileEngine {
         walk(unsafeBitCast(desired, to: Subscriptions<Erased>.self))
         finish(root)
         collectStops()
-        if !records.starts.isEmpty { lastStarts = records.starts.count }
+        if !records.starts.isEmpty {
+            lastStarts = records.starts.count
+            if !deferringBoxRetains { PlanRecords.forEachStart(records.starts) { _, box in _ = box.retain() } }
+        }
         var plan = Plan(records: records, kept: kept, duplicates: duplicates)
         plan.groupsNotPure = notPure
         records = PlanRecords()
@@ -417,7 +447,8 @@ final class ReconcileEngine {
     private func start(_ d: UnsafePointer<SubscriptionCore>, in memo: GroupMemo) {
         let fresh = makeEntry(d, memo)
         if records.starts.isEmpty { records.starts.reserveCapacity(max(16, lastStarts)) }
-        records.starts.append((fresh, d.pointee.configurationBox))
+        // The box's retain is deferred (see `reconcile`).
+        records.starts.append((fresh, Unmanaged.passUnretained(d.pointee.configurationBox).takeRetainedValue()))
         placeFresh(.passUnretained(fresh), in: memo)
         table.insert(fresh)    // the last use: the table takes this reference
     }
@@ -697,9 +728,13 @@ final class ReconcileEngine {
 
     private func collectStops() {
         guard !scans.isEmpty || !displaced.isEmpty else { return retire([]) }
-        var stops: [ActiveSource] = []
+        var stops: [ActiveSource?] = []
         var bound = displaced.count
         for scan in scans { bound += scan.order.count - scan.from }
+        // Nothing claimed and every active entry scanned: everything stops,
+        // and the stop list takes the table's references as they are.
+        let everything = kept == 0 && records.starts.isEmpty && records.retunes.isEmpty && records.restarts.isEmpty
+            && displaced.isEmpty && bound == table.count
         stops.reserveCapacity(bound)
         displaced.withUnsafeBufferPointer { displaced in
             for (memo, u) in displaced {
@@ -712,8 +747,9 @@ final class ReconcileEngine {
         displaced.removeAll(keepingCapacity: true)
         for (memo, order, from) in scans {
             for i in from..<order.count {
-                let e = order[i].takeUnretainedValue()
-                if e.memo === memo && e.epoch != epoch { stops.append(e) }
+                let stopped = order[i]._withUnsafeGuaranteedRef { $0.memo === memo && $0.epoch != epoch }
+                assert(stopped || !everything)
+                if stopped { stops.append(everything ? order[i].takeRetainedValue() : order[i].takeUnretainedValue()) }
             }
         }
         scans.removeAll(keepingCapacity: true)
@@ -726,6 +762,14 @@ final class ReconcileEngine {
         vanished.removeAll()
         guard !stops.isEmpty else { return retire([]) }
         records.stops = Self.inActivationOrder(stops)
+        if everything {
+            // The table's references are the stop list's now; the retired
+            // list shares it (no reference counting per entry).
+            table.abandonAll()
+            retire([])
+            retired = records.stops
+            return
+        }
         retire(records.stops)
     }
 
@@ -751,7 +795,7 @@ final class ReconcileEngine {
     /// Releases the entries the last reconcile retired and not reused;
     /// removes `stops` from the table and retires them (the table's
     /// reference moves to `retired`), and this reconcile's restarted ones.
-    private func retire(_ stops: [ActiveSource]) {
+    private func retire(_ stops: [ActiveSource?]) {
         if !retired.isEmpty {
             retired.removeAll(keepingCapacity: true)
             nextRetired = 0
@@ -766,7 +810,7 @@ final class ReconcileEngine {
     // MARK: Whole-table operations
 
     /// The active entries, in activation order.
-    var activeInOrder: [ActiveSource] { Self.inActivationOrder(table.all) }
+    var activeInOrder: [ActiveSource] { Self.inActivationOrder(table.all.map { Optional($0) }).map { $0! } }
 
     /// Removes and returns every active source, in activation order (shutdown).
     func removeAll() -> [ActiveSource] {
@@ -795,22 +839,20 @@ final class ReconcileEngine {
     /// `entries` in activation order; no sort when they already are (the
     /// common case: stops come from the desired order, which is usually the
     /// order they were started in).
-    static func inActivationOrder(_ entries: [ActiveSource]) -> [ActiveSource] {
+    static func inActivationOrder(_ entries: [ActiveSource?]) -> [ActiveSource?] {
         var sorted = true
         var last: UInt64 = 0
-        for e in entries {
-            if e.activation.generation < last {
-                sorted = false
-                break
-            }
+        PlanRecords.forEach(entries) { e in
+            guard sorted else { return }
+            if e.activation.generation < last { sorted = false }
             last = e.activation.generation
         }
         if sorted { return entries }
         var order: [(UInt64, Int)] = []
         order.reserveCapacity(entries.count)
-        for i in entries.indices { order.append((entries[i].activation.generation, i)) }
+        for i in entries.indices { order.append((entries[i]!.activation.generation, i)) }
         order.sort { $0.0 < $1.0 }
-        var result: [ActiveSource] = []
+        var result: [ActiveSource?] = []
         result.reserveCapacity(entries.count)
         for (_, i) in order { result.append(entries[i]) }
         return result
@@ -969,6 +1011,14 @@ final class EntryTable {
         all.reserveCapacity(count)
         for k in 0..<capacity { if let e = slots[k] { all.append(e) } }
         return all
+    }
+
+    /// Empties the table without releasing its entries: the caller has
+    /// taken over the table's reference to every one of them.
+    func abandonAll() {
+        for k in 0..<capacity where tags[k] != 0 { (slots + k).initialize(to: nil) }
+        tags.update(repeating: 0, count: capacity)
+        count = 0
     }
 
     func removeAll() {

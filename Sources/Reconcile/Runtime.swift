@@ -252,7 +252,8 @@ public final class Runtime<P: Program>: DriverHost {
         // The last plan's stopped entries may be reused by this reconcile's
         // starts once nothing holds them (see `SourceTicket`).
         lastPlan = Plan()
-        let plan = reconciler.reconcile(program.subscriptions(model))
+        // The start records' boxes are retained below, as each source starts.
+        let plan = reconciler.reconcileDeferringBoxRetains(program.subscriptions(model))
         let actions = plan.records
         reconciledModel = model
         stats.reconciles += 1
@@ -271,7 +272,10 @@ public final class Runtime<P: Program>: DriverHost {
             PlanRecords.forEach(actions.restarts) { stop($0) }    // .old
             for r in actions.retunes { driver.retune(r.source, from: r.from.hashable) }
             PlanRecords.forEach(actions.restarts, offset: MemoryLayout<ActiveSource>.stride) { driver.start($0) }    // .new
-            PlanRecords.forEach(actions.starts) { driver.start($0) }    // .source
+            PlanRecords.forEachStart(actions.starts) { source, box in
+                _ = box.retain()    // the plan's reference (deferred by the reconcile)
+                driver.start(source)
+            }
         }
         lastPlan = plan
         if !plan.isEmpty || !plan.duplicates.isEmpty {

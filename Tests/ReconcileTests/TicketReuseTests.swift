@@ -28,6 +28,31 @@ import Testing
         #expect(driver.contractViolations.isEmpty)
     }
 
+    /// Stopping every source empties the active table at once: none of the
+    /// old activations is found again, and the next starts reuse the
+    /// stopped tickets as new activations.
+    @Test func stoppingEverythingRetiresEveryTicketForReuse() throws {
+        let driver = VirtualDriver()
+        let rt = Runtime(Keyed(), driver: driver)
+        try rt.start()
+        let old = Set(["a", "b", "c"].compactMap { address(driver.running[feedID($0)]) })
+        #expect(old.count == 3)
+        try rt.send(.setKeys([]))
+        #expect(rt.lastPlan.steps.map(\.description) == ["stop feed:a", "stop feed:b", "stop feed:c"])
+        #expect(rt.activeIDs.isEmpty)
+        try rt.send(.setKeys(["a", "d", "e"]))
+        // a is started anew (nothing of its old activation is still active).
+        #expect(rt.lastPlan.steps.map(\.outcome) == ["start", "start", "start"])
+        #expect(rt.activeIDs == [feedID("a"), feedID("d"), feedID("e")])
+        #expect(Set(["a", "d", "e"].compactMap { address(driver.running[feedID($0)]) }) == old)
+        #expect(driver.running[feedID("a")]?.activation == Activation(generation: 4))
+        #expect(driver.emit(Feed.Event.item(5), to: feedID("e")))
+        #expect(rt.model.received == [Keyed.Received(key: "e", item: 5, generation: 0)])
+        try rt.send(.setKeys([]))
+        #expect(rt.activeIDs.isEmpty)
+        #expect(driver.contractViolations.isEmpty)
+    }
+
     @Test func ticketHeldWeaklyAfterItsStopIsReleasedNotReused() throws {
         let driver = VirtualDriver()
         let rt = Runtime(Keyed(), driver: driver)

@@ -24,7 +24,9 @@ public final class SystemdDriver: Driver {
     private var lastKind: (id: ObjectIdentifier, type: (any SystemdSource.Type)?)?
     /// Stopped timer runners (unlinked), armed again by later timer starts
     /// (no allocation and no free per timer); at most `spareTimerLimit`.
-    private var spareTimers: [TimerRunner] = []
+    /// (Loop thread only, no access spans a reentrant call: no dynamic
+    /// exclusivity checks, as on the runners' links below.)
+    @exclusivity(unchecked) private var spareTimers: [TimerRunner] = []
     static let spareTimerLimit = 16_384
     /// Stopped file watch runners (unlinked, with their `Watch` records and
     /// lists), started again by later watches; at most `spareWatchLimit`.
@@ -119,9 +121,7 @@ public final class SystemdDriver: Driver {
     public func stop(_ ticket: SourceTicket) {
         // Moved out of the ticket (no retain and release). Only this driver
         // sets a ticket's `driverState`, always to a `DriverRunner`.
-        var state: AnyObject?
-        swap(&state, &ticket.driverState)
-        guard let state else { return }
+        guard let state = ticket.takeDriverState() else { return }
         let runner = unsafeDowncast(state, to: DriverRunner.self)
         runner.stopOwned()
         if let timer = Self.timerRunner(runner) {
@@ -297,12 +297,12 @@ class DriverRunner: RunningSource {
     /// outlives the run: no reference count); set at start and link, read
     /// by the runner only while it is armed. A stopped runner may be started
     /// again for another ticket (timers, file watches).
-    final unowned(unsafe) var ticket: SourceTicket?
+    @exclusivity(unchecked) final unowned(unsafe) var ticket: SourceTicket?
     /// The list this is linked into; nil once unlinked. Unretained: the
     /// driver unlinks every runner before its list goes (detach, deinit).
-    fileprivate final unowned(unsafe) var list: OwnedSources?
-    fileprivate final var prev: Unmanaged<DriverRunner>?
-    fileprivate final var next: Unmanaged<DriverRunner>?
+    @exclusivity(unchecked) fileprivate final unowned(unsafe) var list: OwnedSources?
+    @exclusivity(unchecked) fileprivate final var prev: Unmanaged<DriverRunner>?
+    @exclusivity(unchecked) fileprivate final var next: Unmanaged<DriverRunner>?
 
     init() {}
 
@@ -334,8 +334,9 @@ final class ForeignRunner: DriverRunner {
 /// The driver's running sources, a doubly linked list through the runners
 /// themselves (O(1) add and remove, no table, no node).
 final class OwnedSources {
-    private var head: Unmanaged<DriverRunner>?
-    private(set) var count = 0
+    // Loop thread only; no access spans a call that could reach the list.
+    @exclusivity(unchecked) private var head: Unmanaged<DriverRunner>?
+    @exclusivity(unchecked) private(set) var count = 0
 
     /// Links `runner` (new, or stopped and unlinked) started for `ticket`.
     @inline(__always)
