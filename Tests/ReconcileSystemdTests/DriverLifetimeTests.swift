@@ -89,6 +89,26 @@ extension SystemdTests {
             #expect(try loop.runOnce(timeout: .milliseconds(100)) == false)
         }
 
+        /// A runtime that goes on after its driver detached (a host pumping
+        /// its inbox itself) gets a failure for a new source, and nothing is
+        /// armed on the loop that nobody would stop.
+        @Test func aDetachedDriverStartsNothing() throws {
+            let before = EventSourceAccounting.live
+            let loop = try EventLoop()
+            let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+            let runtime = Runtime(Timers(initial: .init(names: ["a"], interval: .milliseconds(10))), driver: driver)
+            try runtime.start()
+            #expect(driver.runningCount == 1)
+            driver.detach()
+            #expect(driver.runningCount == 0)
+            try runtime.send(.set(["a", "b"]))
+            runtime.pumpInbox()
+            #expect(driver.runningCount == 0)
+            #expect(EventSourceAccounting.live == before)
+            #expect(try loop.runOnce(timeout: .milliseconds(100)) == false)
+            withExtendedLifetime(runtime) {}
+        }
+
         /// The same for a file watch (its runner once held its ticket
         /// strongly: a cycle that left the watch armed while the driver lived).
         @Test func aWatchWhoseTicketGoesAwayIsStoppedWhileTheDriverLives() throws {

@@ -33,6 +33,8 @@ public final class SystemdDriver: Driver {
     private var spareWatches: [FileWatchRunner] = []
     static let spareWatchLimit = 16_384
     private weak var host: (any DriverHost)?
+    /// Set by `detach` (until the next `attach`): `start` refuses.
+    private var detached = false
     private var wakeSource: EventSource?
     private var wakeChannel: WakeChannel?
     private var inotifyKeeper: EventSource?
@@ -55,6 +57,7 @@ public final class SystemdDriver: Driver {
     /// Connects the runtime: an eventfd on the loop pumps its inbox when woken.
     public func attach(_ host: any DriverHost) throws -> Waker {
         self.host = host
+        detached = false
         let efd = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
         try checkLibc("eventfd", efd)
         var s: OpaquePointer?
@@ -76,6 +79,12 @@ public final class SystemdDriver: Driver {
 
     /// Starts the ticket's source on the loop; a kind that is not a `SystemdSource`, or a start that throws, becomes a failure event.
     public func start(_ ticket: SourceTicket) {
+        // After `detach` nothing may be armed again: nothing would stop it.
+        guard !detached else {
+            ticket.fail(SourceFailure(operation: "start \(ticket.id)",
+                                      reason: "the sd-event driver is detached; a runtime that goes on after its driver detached starts nothing"))
+            return
+        }
         // The built-in kinds directly (their configuration read by one
         // class compare, no existential on the way); others through their
         // `SystemdSource` conformance.
@@ -220,6 +229,7 @@ public final class SystemdDriver: Driver {
     /// a shutdown) is stopped now, with one warning: nothing this driver
     /// started stays armed on the loop after it detached.
     public func detach() {
+        detached = true
         let left = owned.stopAll()
         if left > 0 {
             logger.warning("detach: stopped \(left) source(s) still running (the runtime did not shut down first)")
