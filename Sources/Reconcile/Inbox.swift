@@ -1,43 +1,41 @@
 import Synchronization
 
-/// The runtime's cross-thread queue: bounded, closed at shutdown. Messages
-/// from `Sender`s and events from `EventPoster`s wait here until the driver's
-/// loop pumps them into the mailbox.
-final class Inbox<Message>: Sendable {
-    enum Item: @unchecked Sendable {
-        case message(Message)
-        case event(Activation, any Sendable)
-    }
-
+/// Items posted from any thread and taken all at once by the loop. It wakes
+/// the loop only on empty -> non-empty (one wake per take) and refuses
+/// everything once closed. `Extra` is state kept under the same lock (the
+/// inbox's live activations), so admitting an item and changing that state
+/// are atomic with respect to each other. The inbox and the task results are
+/// both this queue.
+final class WakingQueue<Item, Extra>: Sendable {
     private struct State: @unchecked Sendable {
         var items: [Item] = []
         var closed = false
-        var live: Set<Activation> = []
         var waker: Waker?
+        var extra: Extra
     }
 
-    let capacity: Int
-    private let state = Mutex(State())
+    private let state: Mutex<State>
 
-    init(capacity: Int) { self.capacity = max(1, capacity) }
+    init(_ extra: Extra) { state = Mutex(State(extra: extra)) }
 
     func setWaker(_ waker: Waker) { state.withLock { $0.waker = waker } }
 
-    func post(_ item: Item) -> PostResult {
+    /// Appends `item` unless the queue is closed or `admit` (called under the
+    /// lock with the extra state and the current length) refuses it.
+    func post(_ item: Item, admit: (inout Extra, _ count: Int) -> PostResult) -> PostResult {
         let (result, waker): (PostResult, Waker?) = state.withLock { s in
             if s.closed { return (.closed, nil) }
-            if case .event(let a, _) = item, !s.live.contains(a) { return (.closed, nil) }
-            if s.items.count >= capacity { return (.full, nil) }
+            let verdict = admit(&s.extra, s.items.count)
+            guard verdict == .accepted else { return (verdict, nil) }
             s.items.append(item)
-            // Wake only on empty -> non-empty: one wake per pump.
             return (.accepted, s.items.count == 1 ? s.waker : nil)
         }
         waker?()
         return result
     }
 
-    func register(_ a: Activation) { state.withLock { _ = $0.live.insert(a) } }
-    func retire(_ a: Activation) { state.withLock { _ = $0.live.remove(a) } }
+    /// Changes the extra state under the lock.
+    func withExtra<R>(_ body: (inout Extra) -> R) -> R { state.withLock { body(&$0.extra) } }
 
     func takeAll() -> [Item] {
         state.withLock { s in
@@ -47,16 +45,51 @@ final class Inbox<Message>: Sendable {
         }
     }
 
-    /// Closes the inbox and returns what was still queued.
-    func close() -> [Item] {
+    /// Closes the queue (then `reset` the extra state) and returns what was
+    /// still queued.
+    func close(reset: (inout Extra) -> Void = { _ in }) -> [Item] {
         state.withLock { s in
             s.closed = true
-            s.live = []
+            reset(&s.extra)
             let items = s.items
             s.items = []
             return items
         }
     }
+}
+
+/// The runtime's cross-thread queue: bounded, closed at shutdown. Messages
+/// from `Sender`s and events from `EventPoster`s wait here until the driver's
+/// loop pumps them into the mailbox. An event is admitted only while its
+/// activation is live (registered, not yet retired).
+final class Inbox<Message>: Sendable {
+    enum Item: @unchecked Sendable {
+        case message(Message)
+        case event(Activation, any Sendable)
+    }
+
+    let capacity: Int
+    private let queue = WakingQueue<Item, Set<Activation>>([])
+
+    init(capacity: Int) { self.capacity = max(1, capacity) }
+
+    func setWaker(_ waker: Waker) { queue.setWaker(waker) }
+
+    func post(_ item: Item) -> PostResult {
+        let capacity = self.capacity
+        return queue.post(item) { live, count in
+            if case .event(let a, _) = item, !live.contains(a) { return .closed }
+            return count >= capacity ? .full : .accepted
+        }
+    }
+
+    func register(_ a: Activation) { queue.withExtra { _ = $0.insert(a) } }
+    func retire(_ a: Activation) { queue.withExtra { _ = $0.remove(a) } }
+
+    func takeAll() -> [Item] { queue.takeAll() }
+
+    /// Closes the inbox and returns what was still queued.
+    func close() -> [Item] { queue.close { $0 = [] } }
 }
 
 /// Sends messages to a runtime from any thread. Bounded: when the inbox is

@@ -399,7 +399,7 @@ public protocol CommandContext<Message>: AnyObject {
 extension Runtime: CommandContext {}
 
 /// Ended tasks' results waiting for the loop: unbounded (each is one task the
-/// program started), closed at shutdown.
+/// program started), closed at shutdown (a `WakingQueue`).
 final class TaskResults<Message>: Sendable {
     struct Item: @unchecked Sendable {
         let serial: UInt64
@@ -407,39 +407,15 @@ final class TaskResults<Message>: Sendable {
         let cancelled: Bool
     }
 
-    private struct State: @unchecked Sendable {
-        var items: [Item] = []
-        var closed = false
-        var waker: Waker?
-    }
+    private let queue = WakingQueue<Item, Void>(())
 
-    private let state = Mutex(State())
-
-    func setWaker(_ waker: Waker) { state.withLock { $0.waker = waker } }
+    func setWaker(_ waker: Waker) { queue.setWaker(waker) }
 
     func post(serial: UInt64, message: Message, cancelled: Bool) {
-        let waker: Waker? = state.withLock { s in
-            if s.closed { return nil }
-            s.items.append(Item(serial: serial, message: message, cancelled: cancelled))
-            return s.items.count == 1 ? s.waker : nil
-        }
-        waker?()
+        _ = queue.post(Item(serial: serial, message: message, cancelled: cancelled)) { _, _ in .accepted }
     }
 
-    func takeAll() -> [Item] {
-        state.withLock { s in
-            let items = s.items
-            s.items = []
-            return items
-        }
-    }
+    func takeAll() -> [Item] { queue.takeAll() }
 
-    func close() -> [Item] {
-        state.withLock { s in
-            s.closed = true
-            let items = s.items
-            s.items = []
-            return items
-        }
-    }
+    func close() -> [Item] { queue.close() }
 }
