@@ -84,8 +84,12 @@ extension SystemdTests {
                 // Each resync: the link dump works (0), the address dump fails.
                 watcher.injectedSendErrors = [0, ENOBUFS, 0, ENOBUFS, 0, ENOBUFS]
                 watcher.resync()
-                _ = try loop.run(until: { watcher.retries >= 3 }, timeout: .seconds(5))
-                return watcher.retryDelays
+                var delays: [UInt64] = []
+                for n in 1...3 {
+                    guard try loop.run(until: { watcher.retries >= n }, timeout: .seconds(5)) else { break }
+                    delays.append(watcher.lastRetryDelay)
+                }
+                return delays
             }
             // Doubling: a link dump that completes is not a resync that does.
             #expect(delays == [100_000, 200_000, 400_000])

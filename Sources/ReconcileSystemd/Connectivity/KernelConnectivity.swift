@@ -62,8 +62,8 @@ final class NetlinkWatcher {
     /// here, if any, as `sendto`'s failure instead of reaching the kernel
     /// (0: this request reaches the kernel).
     var injectedSendErrors: [Int32] = []
-    /// The delays of the resyncs scheduled after failures (µs), for tests.
-    private(set) var retryDelays: [UInt64] = []
+    /// The delay of the last resync scheduled after a failure (µs).
+    private(set) var lastRetryDelay: UInt64 = 0
     /// Set by `stop()`. `onFailure` and `onTable` run the program, which may
     /// stop this watcher (and close its sockets, whose numbers a new watcher
     /// may get at once): every path checks this after calling them.
@@ -222,7 +222,7 @@ final class NetlinkWatcher {
         guard !stopped, retryTimer == nil else { return }
         let delay = retry.take()
         retries += 1
-        retryDelays.append(delay)
+        lastRetryDelay = delay
         logger.warning("connectivity: \(failure), resyncing in \(delay / 1000) ms", ["RETRY": "\(retries)"])
         var s: OpaquePointer?
         let r = sd_event_add_time(loop.handle, &s, CLOCK_MONOTONIC, usecAdd(loop.now(CLOCK_MONOTONIC), delay), 1000, { _, _, ud in
