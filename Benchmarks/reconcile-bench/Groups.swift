@@ -1,3 +1,4 @@
+import Glibc
 import Reconcile
 
 // The `groups` benchmark: a desired set of `groups` × `perGroup`
@@ -139,7 +140,9 @@ func groupsBenchmark(groups: Int, perGroup: Int, budget: Budget, into records: i
     let size = groups * perGroup
     progress("groups: \(grouped(groups)) × \(grouped(perGroup))")
     var medians: [GroupsCase.Kind: Double] = [:]
-    for kind in GroupsCase.Kind.allCases {
+    // GROUPS_ONLY=<kind> runs one case (for a profiler), as EFFECTS_ONLY does.
+    let only = getenv("GROUPS_ONLY").map { String(cString: $0) }
+    for kind in GroupsCase.Kind.allCases where only == nil || only == kind.rawValue {
         let bench = GroupsCase(kind, groups: groups, perGroup: perGroup)
         // Rebuilding a million subscriptions takes about a second a run.
         var b = budget

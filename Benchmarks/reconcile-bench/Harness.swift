@@ -160,8 +160,17 @@ func p99(_ values: [Double]) -> Double {
     Measurement(nanos: values.sorted(), allocations: 0).p99
 }
 
-/// Heap bytes in use now (usable sizes), from the malloc shim.
+/// Heap bytes allocated minus freed (usable sizes) while tracking was on,
+/// from the malloc shim: compare two readings inside `withHeapBytesTracked`.
 var liveHeapBytes: Int64 { CMallocCounter_liveBytes() }
+
+/// Runs `body` with the shim tracking bytes in use (off otherwise: it costs
+/// a `malloc_usable_size` per allocation and free).
+func withHeapBytesTracked<T>(_ body: () throws -> T) rethrows -> T {
+    CMallocCounter_trackBytes(1)
+    defer { CMallocCounter_trackBytes(0) }
+    return try body()
+}
 
 /// Heap allocations so far, from the malloc shim.
 var allocationCount: Int64 { CMallocCounter_allocations() }

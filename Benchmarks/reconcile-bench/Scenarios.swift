@@ -90,7 +90,9 @@ func reconcileBenchmark(_ name: String, table: SetTable, churns: [Int], implemen
 
 /// Heap bytes one prebuilt ticket holds (baselines hold one per running
 /// subscription but never allocate it; ours allocates its own).
-func ticketBytes(_ set: DesiredSet) -> Double {
+func ticketBytes(_ set: DesiredSet) -> Double { withHeapBytesTracked { ticketBytesTracked(set) } }
+
+private func ticketBytesTracked(_ set: DesiredSet) -> Double {
     let before = liveHeapBytes
     let tickets = mintTickets(set.subscriptions)
     let after = liveHeapBytes
@@ -110,7 +112,7 @@ func memoryBenchmark(table: SetTable, implementations: [Implementation], repeats
         var nanos: [Double] = []
         var bytes: [Double] = []
         var allocations: [Double] = []
-        for _ in 0..<repeats {
+        for _ in 0..<repeats { withHeapBytesTracked {
             let driver = NullDriver()
             let heap = liveHeapBytes
             let allocs = allocationCount
@@ -121,7 +123,7 @@ func memoryBenchmark(table: SetTable, implementations: [Implementation], repeats
             bytes.append(held + (implementation.usesTickets ? perTicket : 0))
             withExtendedLifetime(subject) {}
             subject = nil
-        }
+        } }
         records.append(Record(
             benchmark: "memory", implementation: implementation.rawValue, size: table.size, churn: nil,
             unit: "start from empty", runs: repeats, medianNanos: median(nanos), p99Nanos: p99(nanos),

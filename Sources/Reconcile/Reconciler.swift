@@ -352,7 +352,16 @@ final class ReconcileEngine {
     }
 
     private func walk(_ parts: [SubscriptionsPart<Erased>]) {
-        for i in parts.indices { walk(parts[i]) }
+        for i in parts.indices {
+            // A part read out of the array would be copied (retained) for
+            // the call; its node is taken unretained instead (the set holds
+            // it for the walk).
+            if let node = parts[i].unretainedGroup {
+                node._withUnsafeGuaranteedRef { walkGroup($0) }
+            } else {
+                walk(parts[i])
+            }
+        }
     }
 
     private func walk(_ part: SubscriptionsPart<Erased>) {
@@ -534,7 +543,9 @@ final class ReconcileEngine {
         memo.newOrder.reserveCapacity(max(memo.order.count, count + 1))
     }
 
-    private func walkGroup(_ node: GroupNode<Erased>) {
+    // Borrowed: the set holds the node for the walk, so the common skip
+    // costs no reference counting (only `setNode` takes a reference).
+    private func walkGroup(_ node: borrowing GroupNode<Erased>) {
         if skipInPlace(node) { return }
         let parent = current
         var found: GroupMemo?
@@ -577,7 +588,7 @@ final class ReconcileEngine {
             kept += memo.subtreeCount
             return
         }
-        memo.setNode(node)
+        memo.setNode(copy node)
         let saved = forwards
         forwards = []
         let before = changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count
@@ -596,7 +607,7 @@ final class ReconcileEngine {
     /// message mapping and nothing that forces a build. Skips it and
     /// returns true; otherwise changes nothing and returns false.
     @inline(__always)
-    private func skipInPlace(_ node: GroupNode<Erased>) -> Bool {
+    private func skipInPlace(_ node: borrowing GroupNode<Erased>) -> Bool {
         guard !verifiesGroups && !mapping else { return false }
         let epoch = self.epoch
         return Unmanaged.passUnretained(current)._withUnsafeGuaranteedRef { parent -> Bool in

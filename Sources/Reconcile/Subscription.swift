@@ -284,6 +284,12 @@ extension Subscriptions {
     case group(GroupNode<Message>)
     case mapped(MapNode<Message>)
 
+    /// The group node, unretained (the part holds it), or nil.
+    @inline(__always) var unretainedGroup: Unmanaged<GroupNode<Message>>? {
+        if case .group(let node) = self { return .passUnretained(node) }
+        return nil
+    }
+
     func appendItems(to all: inout [Subscription<Message>]) {
         switch self {
         case .items(let a): all.append(contentsOf: a)
