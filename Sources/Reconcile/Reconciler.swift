@@ -793,7 +793,8 @@ final class ReconcileEngine {
             nextRetired += 1
             // Only this reference left (the strong count), and no weak or
             // unowned one: nothing can reach the old activation through it.
-            if isKnownUniquelyReferenced(&candidate), let entry = candidate, entry.hasNoWeakOrUnownedReference {
+            // Moved out of the optional (no retain and release).
+            if isKnownUniquelyReferenced(&candidate), let entry = candidate.take(), entry.hasNoWeakOrUnownedReference {
                 entry.reuse(sub, activation: activation, memo: memo, epoch: epoch)
                 return entry
             }

@@ -131,12 +131,13 @@ public final class SystemdDriver: Driver {
         // Moved out of the ticket (no retain and release). Only this driver
         // sets a ticket's `driverState`, always to a `DriverRunner`.
         guard let state = ticket.takeDriverState() else { return }
-        let runner = unsafeDowncast(state, to: DriverRunner.self)
-        runner.stopOwned()
-        if let timer = Self.timerRunner(runner) {
-            if spareTimers.count < Self.spareTimerLimit { spareTimers.append(timer) }
-        } else if let watch = Self.watchRunner(runner), spareWatches.count < Self.spareWatchLimit {
-            spareWatches.append(watch)
+        Unmanaged<DriverRunner>.fromOpaque(Unmanaged.passUnretained(state).toOpaque())._withUnsafeGuaranteedRef { $0.stopOwned() }
+        // A stopped timer or watch runner is moved into its spare list.
+        let kind = ObjectIdentifier(type(of: state))
+        if kind == ObjectIdentifier(TimerRunner.self) {
+            if spareTimers.count < Self.spareTimerLimit { spareTimers.append(unsafeDowncast(consume state, to: TimerRunner.self)) }
+        } else if kind == ObjectIdentifier(FileWatchRunner.self), spareWatches.count < Self.spareWatchLimit {
+            spareWatches.append(unsafeDowncast(consume state, to: FileWatchRunner.self))
         }
     }
 
@@ -156,7 +157,7 @@ public final class SystemdDriver: Driver {
             ticket.fail(error.failure)
             return
         }
-        own(runner, ticket)
+        own(consume runner, ticket)
     }
 
     /// A file watch: its configuration read by one class compare, no
@@ -175,7 +176,7 @@ public final class SystemdDriver: Driver {
             ticket.fail(Self.failure(error, ticket))
             return
         }
-        own(runner, ticket)
+        own(consume runner, ticket)
     }
 
     /// A signal, the same way.
@@ -192,10 +193,11 @@ public final class SystemdDriver: Driver {
     }
 
     /// Links `runner`, started for `ticket`, and hangs it on the ticket.
+    /// The runner is moved into `driverState` (no retain and release).
     @inline(__always)
-    private func own(_ runner: DriverRunner, _ ticket: SourceTicket) {
-        owned.link(runner, ticket)
-        ticket.driverState = runner
+    private func own(_ runner: consuming DriverRunner, _ ticket: SourceTicket) {
+        owned.link(.passUnretained(runner), ticket)
+        ticket.driverState = consume runner
     }
 
     /// `state` as a `TimerRunner`, by one compare of its class (no
@@ -203,12 +205,6 @@ public final class SystemdDriver: Driver {
     @inline(__always)
     private static func timerRunner(_ state: DriverRunner) -> TimerRunner? {
         ObjectIdentifier(type(of: state)) == ObjectIdentifier(TimerRunner.self) ? unsafeDowncast(state, to: TimerRunner.self) : nil
-    }
-
-    /// `state` as a `FileWatchRunner`, the same way.
-    @inline(__always)
-    private static func watchRunner(_ state: DriverRunner) -> FileWatchRunner? {
-        ObjectIdentifier(type(of: state)) == ObjectIdentifier(FileWatchRunner.self) ? unsafeDowncast(state, to: FileWatchRunner.self) : nil
     }
 
     /// The `SystemdSource` conformance of `type`, cached per kind.
@@ -310,7 +306,8 @@ class DriverRunner: RunningSource {
     @exclusivity(unchecked) final unowned(unsafe) var ticket: SourceTicket?
     /// The list this is linked into; nil once unlinked. Unretained: the
     /// driver unlinks every runner before its list goes (detach, deinit).
-    @exclusivity(unchecked) fileprivate final unowned(unsafe) var list: OwnedSources?
+    // Unmanaged rather than unowned(unsafe): reading it costs no retain.
+    @exclusivity(unchecked) fileprivate final var list: Unmanaged<OwnedSources>?
     @exclusivity(unchecked) fileprivate final var prev: Unmanaged<DriverRunner>?
     @exclusivity(unchecked) fileprivate final var next: Unmanaged<DriverRunner>?
 
@@ -324,12 +321,12 @@ class DriverRunner: RunningSource {
     /// Unlinks and stops the source (a second call does nothing).
     final func stopOwned() {
         guard let list else { return }
-        list.unlink(self)
+        list._withUnsafeGuaranteedRef { $0.unlink(self) }
         stop()
     }
 
     /// A subclass's deinit has stopped the source; unlink what is left.
-    deinit { list?.unlink(self) }
+    deinit { list?._withUnsafeGuaranteedRef { $0.unlink(self) } }
 }
 
 /// A user kind's running source (any `RunningSource`) in the driver's list.
@@ -350,12 +347,16 @@ final class OwnedSources {
 
     /// Links `runner` (new, or stopped and unlinked) started for `ticket`.
     @inline(__always)
-    func link(_ runner: DriverRunner, _ ticket: SourceTicket) {
-        runner.ticket = ticket
-        runner.list = self
-        runner.next = head
-        head?.takeUnretainedValue().prev = Unmanaged.passUnretained(runner)
-        head = Unmanaged.passUnretained(runner)
+    func link(_ runner: Unmanaged<DriverRunner>, _ ticket: SourceTicket) {
+        let list = Unmanaged.passUnretained(self)
+        let next = head
+        runner._withUnsafeGuaranteedRef { r in
+            r.ticket = ticket
+            r.list = list
+            r.next = next
+        }
+        next?._withUnsafeGuaranteedRef { $0.prev = runner }
+        head = runner
         count += 1
     }
 
