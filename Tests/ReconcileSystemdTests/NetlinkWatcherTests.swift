@@ -27,6 +27,34 @@ func inNewNetworkNamespace<T: Sendable>(_ body: @escaping @Sendable () throws ->
     return try result.withLock { $0! }.get()
 }
 
+/// The flags of link `name` in the calling thread's network namespace
+/// (SIOCGIFFLAGS), and, when `up` is given, sets IFF_UP first
+/// (SIOCSIFFLAGS): the kernel's own answer, not the watcher's.
+func linkFlags(_ name: String, settingUp up: Bool? = nil) throws -> Int32 {
+    let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    guard fd >= 0 else { throw POSIXError(.init(rawValue: errno) ?? .EIO) }
+    defer { close(fd) }
+    // struct ifreq as bytes (the name, then the flags at offset 16): its
+    // Swift import clashes between Glibc's and the kernel's headers here.
+    var request = [UInt8](repeating: 0, count: 40)
+    for (i, c) in name.utf8.prefix(15).enumerated() { request[i] = c }
+    let get: UInt = 0x8913, set: UInt = 0x8914    // SIOCGIFFLAGS, SIOCSIFFLAGS
+    func call(_ r: UInt) throws {
+        guard request.withUnsafeMutableBytes({ ioctl(fd, r, $0.baseAddress!) }) == 0 else {
+            throw POSIXError(.init(rawValue: errno) ?? .EIO)
+        }
+    }
+    var flags: Int32 { request.withUnsafeBytes { Int32($0.load(fromByteOffset: 16, as: Int16.self)) } }
+    try call(get)
+    if let up {
+        let new = Int16(truncatingIfNeeded: up ? flags | Int32(IFF_UP) : flags & ~Int32(IFF_UP))
+        request.withUnsafeMutableBytes { $0.storeBytes(of: new, toByteOffset: 16, as: Int16.self) }
+        try call(set)
+        try call(get)
+    }
+    return flags
+}
+
 extension SystemdTests {
     /// The kernel backend's dumps, when asking for one fails.
     @Suite struct NetlinkResync {
@@ -116,6 +144,44 @@ extension SystemdTests {
             }
             #expect(outcome.events == ["failed \(ENOBUFS)"])
             #expect(outcome.retries == 0)
+        }
+        @Test func aReadThatFailsIsAFailureThenAResyncThatSeesWhatItMissed() throws {
+            struct Seen2: Sendable { var events: [String] = []; var loUp = false; var kernelSaysUp = false; var lastDelay: UInt64 = 0; var retries = 0 }
+            let outcome = try inNewNetworkNamespace { () throws -> Seen2 in
+                let loop = try EventLoop()
+                final class Seen { var events: [String] = []; var last: LinkTable? }
+                let seen = Seen()
+                let watcher = try NetlinkWatcher(
+                    receiveBuffer: nil, loop: loop, logger: Logger(level: .error, handler: .stderr),
+                    onTable: { seen.events.append("table"); seen.last = $0 },
+                    onFailure: { seen.events.append("failed \($0.operation) \($0.code ?? 0)") })
+                defer { watcher.stop() }
+                guard try loop.run(until: { seen.last != nil }, timeout: .seconds(5)) else { return Seen2() }
+                seen.events = []
+                // The next two reads fail (as recvmsg would with ENOMEM):
+                // the first on the notification that lo went up, the second
+                // after the first resync.
+                watcher.injectedReceiveErrors = [ENOMEM, ENOMEM]
+                let kernelFlags = try linkFlags("lo", settingUp: true)
+                let isUp = { (t: LinkTable?) in t?.links.values.contains { $0.name == "lo" && $0.flags & UInt32(IFF_UP) != 0 } ?? false }
+                _ = try loop.run(until: { seen.events.filter { $0.hasPrefix("failed") }.count == 2 && isUp(seen.last) }, timeout: .seconds(5))
+                // Nothing more comes while nothing changes (no spinning on an error).
+                let settled = seen.events.count
+                _ = try loop.run(until: { seen.events.count > settled }, timeout: .milliseconds(300))
+                return Seen2(events: seen.events, loUp: isUp(seen.last), kernelSaysUp: kernelFlags & Int32(IFF_UP) != 0,
+                             lastDelay: watcher.lastRetryDelay, retries: watcher.retries)
+            }
+            #expect(outcome.kernelSaysUp)
+            // The ground truth reached the program after the failures ...
+            #expect(outcome.loUp)
+            // ... each failure once, as a failure event, with no table from
+            // the stale state in between, then the resynced table.
+            // (The second read may be of either socket: the notifications
+            // left unread or the resync's dump answer.)
+            #expect(outcome.events.count >= 2 && outcome.events.prefix(2).allSatisfy { $0.hasPrefix("failed recvmsg(netlink") && $0.hasSuffix(" \(ENOMEM)") })
+            #expect(outcome.events.dropFirst(2).allSatisfy { $0 == "table" } && outcome.events.count >= 3)
+            #expect(outcome.retries == 2)
+            #expect(outcome.lastDelay == 2 * NetlinkWatcher.retryInitial)
         }
     }
 }

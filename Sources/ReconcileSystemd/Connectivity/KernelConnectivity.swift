@@ -47,7 +47,10 @@ final class KernelConnectivity: RunningSource {
 /// refuses is reported through `onFailure` (the program's failure event) and
 /// retried as a full resync on a loop timer with backoff (100 ms doubling to
 /// 5 s, back to 100 ms once a full resync completes); nothing is reported from
-/// the stale table meanwhile.
+/// the stale table meanwhile. A read that fails for any other reason than an
+/// overrun (ENOMEM, say) is handled the same way: its socket is not read until
+/// the resync (a persistent error cannot spin the loop), and the resync
+/// rebuilds whatever the lost messages said.
 final class NetlinkWatcher {
     /// The resync retry's first delay and its ceiling (microseconds).
     static let retryInitial: UInt64 = 100_000, retryMaximum: UInt64 = 5_000_000
@@ -62,6 +65,9 @@ final class NetlinkWatcher {
     /// here, if any, as `sendto`'s failure instead of reaching the kernel
     /// (0: this request reaches the kernel).
     var injectedSendErrors: [Int32] = []
+    /// Fault injection for tests: each read when the socket is readable takes
+    /// the first errno here, if any, as `recvmsg`'s failure (nothing is read).
+    var injectedReceiveErrors: [Int32] = []
     /// The delay of the last resync scheduled after a failure (µs).
     private(set) var lastRetryDelay: UInt64 = 0
     /// Set by `stop()`. `onFailure` and `onTable` run the program, which may
@@ -78,6 +84,8 @@ final class NetlinkWatcher {
     private var dumping: UInt16?
     private var dumpInterrupted = false
     private var resyncPending = false
+    /// Both sockets are left unread until the next resync (a read failed).
+    private var readingPaused = false
     /// A full resync is under way (its table is not reported until done).
     private var resyncing = false
     /// The default routes of the route dump under way.
@@ -156,6 +164,12 @@ final class NetlinkWatcher {
         }
         resyncPending = false
         resyncing = true
+        // Sockets left unread after a failed read are read again.
+        if readingPaused {
+            readingPaused = false
+            if let s = source?.handle { sd_event_source_set_enabled(s, Int32(SD_EVENT_ON)) }
+            if let s = dumpSource?.handle { sd_event_source_set_enabled(s, Int32(SD_EVENT_ON)) }
+        }
         routeDumpWanted = false
         routeDisputes = 0
         table = LinkTable()
@@ -246,7 +260,11 @@ final class NetlinkWatcher {
         // `stopped`: handling a message may run the program, which may stop
         // this watcher; its descriptors are closed then (and may already be
         // another socket's).
-        while !stopped {
+        while !stopped && !readingPaused {
+            if !injectedReceiveErrors.isEmpty {
+                readFailed(fd, injectedReceiveErrors.removeFirst())
+                return
+            }
             var from = sockaddr_nl()
             var iov = iovec()
             let n: Int = buffer.withUnsafeMutableBytes { b in
@@ -273,7 +291,7 @@ final class NetlinkWatcher {
                     resync()
                     continue
                 default:
-                    onFailure(SystemdError("recvmsg(netlink)", errno: errno).failure)
+                    readFailed(fd, errno)
                     return
                 }
             }
@@ -290,6 +308,20 @@ final class NetlinkWatcher {
                 }
             }
         }
+    }
+
+    /// A read failed other than by an overrun: what it carried is lost, so
+    /// the table is stale. Neither socket is read until a resync (which
+    /// re-enables them), scheduled with backoff as after a failed dump; the
+    /// program gets the failure event.
+    private func readFailed(_ fd: Int32, _ code: Int32) {
+        readingPaused = true
+        if let s = source?.handle { sd_event_source_set_enabled(s, Int32(SD_EVENT_OFF)) }
+        if let s = dumpSource?.handle { sd_event_source_set_enabled(s, Int32(SD_EVENT_OFF)) }
+        // A dump's answer may be what was lost: the resync asks again.
+        dumping = nil
+        resyncPending = false
+        dumpFailed(SystemdError(fd == dumpFD ? "recvmsg(netlink dump)" : "recvmsg(netlink)", errno: code).failure)
     }
 
     private func handle(_ e: NetlinkEnvelope, dumpReply: Bool) {
