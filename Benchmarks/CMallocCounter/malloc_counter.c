@@ -147,3 +147,5 @@ void CMallocCounter_reset(void) {
     base_allocations = total(0);
     base_frees = total(1);
 }
+
+void CMallocCounter_trim(void) { malloc_trim(0); }
