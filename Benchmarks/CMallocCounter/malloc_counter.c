@@ -147,5 +147,3 @@ void CMallocCounter_reset(void) {
     base_allocations = total(0);
     base_frees = total(1);
 }
-
-void CMallocCounter_trim(void) { malloc_trim(0); }

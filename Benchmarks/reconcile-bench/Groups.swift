@@ -1,4 +1,3 @@
-import CMallocCounter
 import Glibc
 import Reconcile
 
@@ -144,11 +143,6 @@ func groupsBenchmark(groups: Int, perGroup: Int, budget: Budget, into records: i
     // GROUPS_ONLY=<kind> runs one case (for a profiler), as EFFECTS_ONLY does.
     let only = getenv("GROUPS_ONLY").map { String(cString: $0) }
     for kind in GroupsCase.Kind.allCases where only == nil || only == kind.rawValue {
-        // Each case starts from a compact heap: a million subscriptions freed
-        // (by the benchmarks before, or the case before) leave glibc's free
-        // lists long and fragmented, which made a later case's small
-        // allocations slower (a skipped group ~25 % slower than alone).
-        CMallocCounter_trim()
         let bench = GroupsCase(kind, groups: groups, perGroup: perGroup)
         // Rebuilding a million subscriptions takes about a second a run.
         var b = budget

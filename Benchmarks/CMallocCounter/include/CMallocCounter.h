@@ -25,8 +25,4 @@ void CMallocCounter_reset(void);
 /// Whether the interposed allocator is the one in use (1) or not (0).
 int CMallocCounter_isActive(void);
 
-/// Gives freed memory back and consolidates glibc's free lists
-/// (`malloc_trim(0)`): a benchmark case can start from a compact heap.
-void CMallocCounter_trim(void);
-
 #endif
