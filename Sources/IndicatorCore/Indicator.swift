@@ -34,6 +34,13 @@ public struct Indicator: Program {
         /// this phase), so a file caught half-written is not read.
         public var configPhase = Phase()
         public var configPending = false
+        /// A read of the config file is under way (its `.configRead` or
+        /// `.configUnreadable` has not come back). Reads run one at a time,
+        /// so their results cannot arrive out of order.
+        public var configReading = false
+        /// A read was asked for during the one under way: read again when
+        /// it is back.
+        public var configRereadWanted = false
 
         public init(settings: Settings) { self.settings = settings }
     }
@@ -51,7 +58,9 @@ public struct Indicator: Program {
     }
 
     public enum Command: Equatable, Sendable, Codable {
-        /// Read the config file and answer with `.configRead`.
+        /// Read the config file and answer with `.configRead` or
+        /// `.configUnreadable`. One at a time: the next is asked for only
+        /// after that answer.
         case readConfig(String)
         /// Tell the operator about the configuration (stderr / journal).
         case log(String)
@@ -63,7 +72,29 @@ public struct Indicator: Program {
     public static let configQuiet: Duration = .milliseconds(100)
 
     public func start() -> (Model, [Command]) {
-        (Model(settings: base), configPath.map { [.readConfig($0)] } ?? [])
+        var model = Model(settings: base)
+        let commands = readConfig(&model)
+        return (model, commands)
+    }
+
+    /// Asks for a read of the config file, or, with one under way, for
+    /// another once it is back.
+    func readConfig(_ model: inout Model) -> [Command] {
+        guard let configPath else { return [] }
+        if model.configReading {
+            model.configRereadWanted = true
+            return []
+        }
+        model.configReading = true
+        return [.readConfig(configPath)]
+    }
+
+    /// A read came back: the one asked for during it, if any, goes now.
+    func readDone(_ model: inout Model) -> [Command] {
+        model.configReading = false
+        guard model.configRereadWanted else { return [] }
+        model.configRereadWanted = false
+        return readConfig(&model)
     }
 
     public func update(_ model: inout Model, _ message: Message) -> [Command] {
@@ -99,15 +130,16 @@ public struct Indicator: Program {
         case .configQuiet(let phase):
             guard model.configPhase.isCurrent(phase), model.configPending else { return [] }
             model.configPending = false
-            return configPath.map { [.readConfig($0)] } ?? []
+            return readConfig(&model)
         case .reload:
-            return configPath.map { [.readConfig($0)] } ?? []
+            return readConfig(&model)
         case .configUnreadable(let path, let reason):
             model.configProblem = "\(path): \(reason)"
-            return [.log("config \(path) cannot be read: \(reason): keeping the last good configuration")]
+            return [.log("config \(path) cannot be read: \(reason): keeping the last good configuration")] + readDone(&model)
         case .configRead(let path, let contents):
+            let next = readDone(&model)
             guard let contents else {
-                return [.log("config \(path) cannot be read: keeping the last good configuration")]
+                return [.log("config \(path) cannot be read: keeping the last good configuration")] + next
             }
             switch parseConfig(contents, base: base) {
             case .success(let s):
@@ -116,12 +148,12 @@ public struct Indicator: Program {
                     // Events queued under the old configuration are stale.
                     model.phase.advance()
                 }
-                if s == model.settings { return [] }
+                if s == model.settings { return next }
                 model.settings = s
-                return [.log("config \(path) applied")]
+                return [.log("config \(path) applied")] + next
             case .failure(let e):
                 model.configProblem = "\(path): \(e)"
-                return [.log("config \(path): \(e): keeping the last good configuration")]
+                return [.log("config \(path): \(e): keeping the last good configuration")] + next
             }
         }
     }

@@ -65,8 +65,8 @@ func currentDirectory() -> String {
 /// Why the config file was not read.
 struct Unreadable: Error { let reason: String }
 
-/// Reads the config file without ever blocking the loop thread: only a
-/// regular file is read (a FIFO, a device or a directory is refused before
+/// Reads the config file (in an offloaded task: never on the loop thread),
+/// and never waits on a writer: only a regular file is read (a FIFO, a device or a directory is refused before
 /// it is opened, and again after, by `fstat`, in case it was swapped in
 /// between), the open is non-blocking, and at most
 /// `Settings.maximumConfigSize` bytes are read.
@@ -134,13 +134,15 @@ do {
     let daemon = try Daemon(program, options: daemonOptions) { command, daemon in
         switch command {
         case .readConfig(let path):
-            let message: Indicator.Message
-            switch readConfigFile(path) {
-            case .success(let text): message = .configRead(path: path, contents: text)
-            case .failure(let e): message = .configUnreadable(path: path, reason: e.reason)
-            }
-            do { try daemon.runtime.send(message) } catch {
-                daemon.logger.warning("config \(path) read but not delivered: \(error)")
+            // Off the loop thread (a path on a hung network mount blocks in
+            // `stat` or `read`); the answer comes back through the task
+            // lane, never refused for capacity. The program asks for one
+            // read at a time.
+            daemon.tasks.run(id: "config", placement: .offload) {
+                switch readConfigFile(path) {
+                case .success(let text): .configRead(path: path, contents: text)
+                case .failure(let e): .configUnreadable(path: path, reason: e.reason)
+                }
             }
         case .log(let text):
             daemon.logger.notice(text)

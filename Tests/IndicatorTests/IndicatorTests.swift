@@ -70,8 +70,35 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
         #expect(t.commands.isEmpty)
         t.send(.configQuiet(t.model.configPhase))
         #expect(t.commands == [.readConfig(path)])
+        // SIGHUP during that read: read again once it is back.
         t.send(.reload)
+        #expect(t.commands.isEmpty)
+        t.send(.configRead(path: path, contents: "include = eth*\n"))
         #expect(t.commands == [.readConfig(path)])
+    }
+
+    @Test func readsRunOneAtATimeSoTheirAnswersCannotCrossAndNoRequestIsLost() {
+        let path = "/etc/indicator.conf"
+        var t = ProgramTester(Indicator(configPath: path))
+        #expect(t.commands == [.readConfig(path)])
+        #expect(t.model.configReading)
+        // Requests while the first read is out: one more read, after it.
+        t.send(.reload)
+        t.send(.reload)
+        #expect(t.commands.isEmpty)
+        t.send(.configRead(path: path, contents: "settle = 1s\n"))
+        #expect(t.commands == [.log("config /etc/indicator.conf applied"), .readConfig(path)])
+        // The second read's answer: nothing more is asked for.
+        t.send(.configRead(path: path, contents: "settle = 2s\n"))
+        #expect(t.commands == [.log("config /etc/indicator.conf applied")])
+        #expect(!t.model.configReading && !t.model.configRereadWanted)
+        #expect(t.model.settings.connectivity.settle == .seconds(2))
+        // An unreadable answer ends a read the same way.
+        t.send(.reload)
+        t.send(.reload)
+        t.send(.configUnreadable(path: path, reason: "not a regular file (a FIFO)"))
+        #expect(t.commands.last == .readConfig(path))
+        #expect(t.model.configReading && !t.model.configRereadWanted)
     }
 
     @Test func configChangesAreDebouncedOnTheVirtualClock() throws {
@@ -80,6 +107,9 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
         let path = "/etc/indicator.conf"
         let rt = Runtime(Indicator(format: .json, configPath: path), driver: driver) { c, _ in commands.append(c) }
         try rt.start()
+        // The read at start comes back (reads go one at a time).
+        try rt.send(.configRead(path: path, contents: ""))
+        driver.runUntilIdle()
         commands = []
         let watch = try #require(driver.subscription(FileWatchSource.self, key: path))
         driver.emit(.modified, to: watch)
