@@ -3,9 +3,10 @@ import Reconcile
 /// The connectivity indicator as a program: pure, run by `Daemon` in the
 /// executable and by the virtual driver in tests.
 ///
-/// Subscriptions: the connectivity source; a one-minute timer only while the
-/// text view shows "for 3m"; the config file watch (when there is a file);
-/// SIGHUP (re-read the config).
+/// Subscriptions: the connectivity source (with a config file, once the file
+/// has been read, or `configWaitLimit` has passed); a one-minute timer only
+/// while the text view shows "for 3m"; the config file watch (when there is a
+/// file); SIGHUP (re-read the config).
 public struct Indicator: Program {
     /// Command-line settings (the config file overrides the keys it sets).
     public var base: Settings
@@ -41,6 +42,10 @@ public struct Indicator: Program {
         /// A read was asked for during the one under way: read again when
         /// it is back.
         public var configRereadWanted = false
+        /// The first read of the config file has not come back yet: the
+        /// connectivity source waits for it (at most `configWaitLimit`), so
+        /// the first report, and `--once`'s verdict, use the file's settings.
+        public var configWaiting = false
 
         public init(settings: Settings) { self.settings = settings }
     }
@@ -55,6 +60,9 @@ public struct Indicator: Program {
         /// The config file was not read, and why (not a regular file, too
         /// large, an open or read error).
         case configUnreadable(path: String, reason: String)
+        /// The first read of the config file took longer than
+        /// `configWaitLimit`: start with the command-line settings.
+        case configWaitOver
     }
 
     public enum Command: Equatable, Sendable, Codable {
@@ -70,9 +78,13 @@ public struct Indicator: Program {
 
     /// How long a config file must stay unchanged before it is read.
     public static let configQuiet: Duration = .milliseconds(100)
+    /// How long the connectivity source waits for the first read of the
+    /// config file (a file on a hung mount must not hold it back forever).
+    public static let configWaitLimit: Duration = .seconds(2)
 
     public func start() -> (Model, [Command]) {
         var model = Model(settings: base)
+        model.configWaiting = configPath != nil
         let commands = readConfig(&model)
         return (model, commands)
     }
@@ -92,6 +104,7 @@ public struct Indicator: Program {
     /// A read came back: the one asked for during it, if any, goes now.
     func readDone(_ model: inout Model) -> [Command] {
         model.configReading = false
+        model.configWaiting = false
         guard model.configRereadWanted else { return [] }
         model.configRereadWanted = false
         return readConfig(&model)
@@ -133,6 +146,10 @@ public struct Indicator: Program {
             return readConfig(&model)
         case .reload:
             return readConfig(&model)
+        case .configWaitOver:
+            guard model.configWaiting, let configPath else { return [] }
+            model.configWaiting = false
+            return [.log("config \(configPath) not read after \(Self.configWaitLimit.short): starting with the command-line settings; the file is applied when read")]
         case .configUnreadable(let path, let reason):
             model.configProblem = "\(path): \(reason)"
             return [.log("config \(path) cannot be read: \(reason): keeping the last good configuration")] + readDone(&model)
@@ -166,7 +183,11 @@ public struct Indicator: Program {
     public func subscriptions(_ model: Model) -> Subscriptions<Message> {
         let phase = model.phase
         return Subscriptions {
-            Subscription.connectivity(model.settings.connectivity, key: "net") { .connectivity($0, phase) }
+            if model.configWaiting {
+                Subscription.after(Self.configWaitLimit, key: "config-wait") { _ in .configWaitOver }
+            } else {
+                Subscription.connectivity(model.settings.connectivity, key: "net") { .connectivity($0, phase) }
+            }
             if needsMinuteTimer(model) {
                 Subscription.every(.seconds(60), key: "since", leeway: .seconds(1)) { _ in .minute }
             }

@@ -17,6 +17,7 @@ enum MessageCoding: Codable {
     case reload
     case configRead(path: String, contents: String?)
     case configUnreadable(path: String, reason: String)
+    case configWaitOver
 
     init(_ m: Indicator.Message) {
         switch m {
@@ -27,6 +28,7 @@ enum MessageCoding: Codable {
         case .reload: self = .reload
         case .configRead(let path, let contents): self = .configRead(path: path, contents: contents)
         case .configUnreadable(let path, let reason): self = .configUnreadable(path: path, reason: reason)
+        case .configWaitOver: self = .configWaitOver
         }
     }
 
@@ -40,6 +42,7 @@ enum MessageCoding: Codable {
             case .reload: .reload
             case .configRead(let path, let contents): .configRead(path: path, contents: contents)
             case .configUnreadable(let path, let reason): .configUnreadable(path: path, reason: reason)
+            case .configWaitOver: .configWaitOver
             }
         }
     }

@@ -138,12 +138,14 @@ do {
             // `stat` or `read`); the answer comes back through the task
             // lane, never refused for capacity. The program asks for one
             // read at a time.
-            daemon.tasks.run(id: "config", placement: .offload) {
+            let started = daemon.tasks.run(id: "config", placement: .offload) {
                 switch readConfigFile(path) {
                 case .success(let text): .configRead(path: path, contents: text)
                 case .failure(let e): .configUnreadable(path: path, reason: e.reason)
                 }
             }
+            // Refused only once shutdown has begun.
+            if !started { daemon.logger.notice("config \(path) not read: shutting down") }
         case .log(let text):
             daemon.logger.notice(text)
         case .exit(let code):

@@ -27,6 +27,7 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
         let path = "/etc/indicator.conf"
         var t = ProgramTester(Indicator(format: .text, configPath: path))
         #expect(t.commands == [.readConfig(path)])
+        t.send(.configRead(path: path, contents: ""))
         t.event(online(), from: net)
         t.send(.configRead(path: path, contents: "show_since = no\n"))
         // The timer goes; the connectivity source is kept (no driver call).
@@ -40,6 +41,7 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
     @Test func connectivityEventFromAnOldPhaseIsRejected() {
         let path = "/etc/indicator.conf"
         var t = ProgramTester(Indicator(format: .json, configPath: path))
+        t.send(.configRead(path: path, contents: ""))
         let old = t.model.phase
         let tagged = t.message(for: online("old0"), from: net)!
         t.send(.configRead(path: path, contents: "backend = kernel\n"))
@@ -75,6 +77,40 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
         #expect(t.commands.isEmpty)
         t.send(.configRead(path: path, contents: "include = eth*\n"))
         #expect(t.commands == [.readConfig(path)])
+    }
+
+    @Test func connectivityWaitsForTheFirstConfigReadSoTheFirstReportUsesTheFile() {
+        let path = "/etc/indicator.conf"
+        var t = ProgramTester(Indicator(format: .json, configPath: path, once: true))
+        // No connectivity source until the file is read: `--once` cannot
+        // give a verdict under the command-line settings.
+        #expect(!t.subscriptionIDs.contains(net))
+        t.send(.configRead(path: path, contents: "exclude = eth0\n"))
+        #expect(t.subscriptionIDs.contains(net))
+        #expect(t.lastPlan.steps.map(\.description).contains { $0.hasPrefix("start connectivity:net:") && $0.contains("eth0") })
+        // An unreadable file ends the wait the same way.
+        var u = ProgramTester(Indicator(format: .json, configPath: path))
+        u.send(.configUnreadable(path: path, reason: "not a regular file (a FIFO)"))
+        #expect(u.subscriptionIDs.contains(net))
+    }
+
+    @Test func aConfigReadThatHangsHoldsConnectivityBackForTwoSecondsAtMost() throws {
+        let driver = VirtualDriver()
+        var commands: [Indicator.Command] = []
+        let path = "/mnt/hung/indicator.conf"
+        let rt = Runtime(Indicator(format: .json, configPath: path), driver: driver) { c, _ in commands.append(c) }
+        try rt.start()
+        #expect(driver.runningIDs.contains(net) == false)
+        driver.advance(by: Indicator.configWaitLimit - .milliseconds(1))
+        #expect(driver.runningIDs.contains(net) == false)
+        driver.advance(by: .milliseconds(1))
+        #expect(driver.runningIDs.contains(net))
+        #expect(commands.last == .log("config /mnt/hung/indicator.conf not read after 2s: starting with the command-line settings; the file is applied when read"))
+        // The read comes back at last: applied (a new backend restarts the source).
+        try rt.send(.configRead(path: path, contents: "backend = kernel\n"))
+        driver.runUntilIdle()
+        #expect(rt.model.settings.connectivity.backend == .kernel)
+        #expect(rt.lastPlan.steps.map(\.description) == ["restart connectivity:net: backend auto -> backend kernel"])
     }
 
     @Test func readsRunOneAtATimeSoTheirAnswersCannotCrossAndNoRequestIsLost() {

@@ -165,11 +165,7 @@ final class NetlinkWatcher {
         resyncPending = false
         resyncing = true
         // Sockets left unread after a failed read are read again.
-        if readingPaused {
-            readingPaused = false
-            if let s = source?.handle { sd_event_source_set_enabled(s, Int32(SD_EVENT_ON)) }
-            if let s = dumpSource?.handle { sd_event_source_set_enabled(s, Int32(SD_EVENT_ON)) }
-        }
+        resumeReading()
         routeDumpWanted = false
         routeDisputes = 0
         table = LinkTable()
@@ -251,6 +247,9 @@ final class NetlinkWatcher {
         if r >= 0 {
             retryTimer = EventSource(s!)
         } else {
+            // Nothing would resync: read again, so that at least an overrun
+            // (ENOBUFS) can still start one.
+            resumeReading()
             onFailure(SourceFailure(operation: "sd_event_add_time", code: -r,
                                     reason: "cannot schedule the netlink resync; the kernel backend stays stale"))
         }
@@ -308,6 +307,14 @@ final class NetlinkWatcher {
                 }
             }
         }
+    }
+
+    /// Reads both sockets again after `readFailed` paused them.
+    private func resumeReading() {
+        guard readingPaused else { return }
+        readingPaused = false
+        if let s = source?.handle { sd_event_source_set_enabled(s, Int32(SD_EVENT_ON)) }
+        if let s = dumpSource?.handle { sd_event_source_set_enabled(s, Int32(SD_EVENT_ON)) }
     }
 
     /// A read failed other than by an overrun: what it carried is lost, so
