@@ -73,7 +73,29 @@ final class ActiveSource: SourceTicket {
     /// ones the caller checks with `isKnownUniquelyReferenced`): a stopped
     /// entry that passes both cannot be reached by anything that saw its
     /// old activation.
-    var hasNoWeakOrUnownedReference: Bool { _getUnownedRetainCount(self) == 1 && _getWeakRetainCount(self) == 1 }
+    var hasNoWeakOrUnownedReference: Bool {
+        Self.countsAreReliable && _getUnownedRetainCount(self) == 1 && _getWeakRetainCount(self) == 1
+    }
+
+    /// Whether the runtime's unowned and weak counts read as recycling
+    /// expects (1 with no such reference, more with one), checked once on a
+    /// probe object. These are the standard library's underscored hooks; if
+    /// a future runtime reads them otherwise, entries are not recycled (an
+    /// allocation per start) rather than recycled while still referenced.
+    static let countsAreReliable: Bool = {
+        final class Probe {}
+        let probe = Probe()
+        guard _getUnownedRetainCount(probe) == 1, _getWeakRetainCount(probe) == 1 else { return false }
+        let unownedSeen: Bool = {
+            unowned let u = probe
+            return withExtendedLifetime(u) { _getUnownedRetainCount(probe) > 1 }
+        }()
+        let weakSeen: Bool = {
+            weak var w = probe
+            return withExtendedLifetime(w) { _getWeakRetainCount(probe) > 1 }
+        }()
+        return unownedSeen && weakSeen
+    }()
 
     /// Makes this stopped entry, which nothing else references, the ticket
     /// of a new activation of `sub` (recycling: no allocation per start).
