@@ -61,7 +61,8 @@ public struct Indicator: Program {
         /// large, an open or read error).
         case configUnreadable(path: String, reason: String)
         /// The first read of the config file took longer than
-        /// `configWaitLimit`: start with the command-line settings.
+        /// `configWaitLimit` (or its timer could not be armed): start with
+        /// the command-line settings.
         case configWaitOver
     }
 
@@ -149,7 +150,7 @@ public struct Indicator: Program {
         case .configWaitOver:
             guard model.configWaiting, let configPath else { return [] }
             model.configWaiting = false
-            return [.log("config \(configPath) not read after \(Self.configWaitLimit.short): starting with the command-line settings; the file is applied when read")]
+            return [.log("config \(configPath) not read yet: starting with the command-line settings; the file is applied when read")]
         case .configUnreadable(let path, let reason):
             model.configProblem = "\(path): \(reason)"
             return [.log("config \(path) cannot be read: \(reason): keeping the last good configuration")] + readDone(&model)

@@ -82,20 +82,27 @@ final class ActiveSource: SourceTicket {
     /// probe object. These are the standard library's underscored hooks; if
     /// a future runtime reads them otherwise, entries are not recycled (an
     /// allocation per start) rather than recycled while still referenced.
-    static let countsAreReliable: Bool = {
+    static let countsAreReliable: Bool = probeCounts()
+
+    /// The probe: an object's counts with no weak or unowned reference, then
+    /// with one of each held in another object's fields (the kind of
+    /// reference the check guards against). Not optimised, so neither
+    /// reference can be folded away.
+    @_optimize(none)
+    private static func probeCounts() -> Bool {
         final class Probe {}
+        final class Holder {
+            unowned let strongless: Probe
+            weak var weakly: Probe?
+            init(_ p: Probe) { strongless = p; weakly = p }
+        }
         let probe = Probe()
         guard _getUnownedRetainCount(probe) == 1, _getWeakRetainCount(probe) == 1 else { return false }
-        let unownedSeen: Bool = {
-            unowned let u = probe
-            return withExtendedLifetime(u) { _getUnownedRetainCount(probe) > 1 }
-        }()
-        let weakSeen: Bool = {
-            weak var w = probe
-            return withExtendedLifetime(w) { _getWeakRetainCount(probe) > 1 }
-        }()
-        return unownedSeen && weakSeen
-    }()
+        let holder = Holder(probe)
+        let seen = _getUnownedRetainCount(probe) > 1 && _getWeakRetainCount(probe) > 1
+        withExtendedLifetime(holder) {}
+        return seen
+    }
 
     /// Makes this stopped entry, which nothing else references, the ticket
     /// of a new activation of `sub` (recycling: no allocation per start).

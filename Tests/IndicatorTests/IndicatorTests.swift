@@ -88,10 +88,18 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
         t.send(.configRead(path: path, contents: "exclude = eth0\n"))
         #expect(t.subscriptionIDs.contains(net))
         #expect(t.lastPlan.steps.map(\.description).contains { $0.hasPrefix("start connectivity:net:") && $0.contains("eth0") })
-        // An unreadable file ends the wait the same way.
+        // The wait's timer goes with it; a late `.configWaitOver` does nothing.
+        #expect(t.lastPlan.steps.map(\.description).contains("stop timer:config-wait"))
+        #expect(t.send(.configWaitOver).isEmpty)
+        // An unreadable file ends the wait the same way; a change or SIGHUP
+        // during the wait does not end it.
         var u = ProgramTester(Indicator(format: .json, configPath: path))
+        u.send(.configChanged(.exists))
+        u.send(.reload)
+        #expect(!u.subscriptionIDs.contains(net))
         u.send(.configUnreadable(path: path, reason: "not a regular file (a FIFO)"))
         #expect(u.subscriptionIDs.contains(net))
+        #expect(u.commands.last == .readConfig(path))   // the SIGHUP's read, now
     }
 
     @Test func aConfigReadThatHangsHoldsConnectivityBackForTwoSecondsAtMost() throws {
@@ -105,7 +113,7 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
         #expect(driver.runningIDs.contains(net) == false)
         driver.advance(by: .milliseconds(1))
         #expect(driver.runningIDs.contains(net))
-        #expect(commands.last == .log("config /mnt/hung/indicator.conf not read after 2s: starting with the command-line settings; the file is applied when read"))
+        #expect(commands.last == .log("config /mnt/hung/indicator.conf not read yet: starting with the command-line settings; the file is applied when read"))
         // The read comes back at last: applied (a new backend restarts the source).
         try rt.send(.configRead(path: path, contents: "backend = kernel\n"))
         driver.runUntilIdle()

@@ -61,6 +61,9 @@ final class NetlinkWatcher {
     private let loop: EventLoop
     private var retry = Backoff(initial: NetlinkWatcher.retryInitial, maximum: NetlinkWatcher.retryMaximum)
     private var retryTimer: EventSource?
+    /// A resync was started at once because its timer could not be made
+    /// (once per run of failures: reset when a full resync completes).
+    private var resyncedWithoutTimer = false
     /// Fault injection for tests: each dump request takes the first errno
     /// here, if any, as `sendto`'s failure instead of reaching the kernel
     /// (0: this request reaches the kernel).
@@ -247,11 +250,14 @@ final class NetlinkWatcher {
         if r >= 0 {
             retryTimer = EventSource(s!)
         } else {
-            // Nothing would resync: read again, so that at least an overrun
-            // (ENOBUFS) can still start one.
-            resumeReading()
             onFailure(SourceFailure(operation: "sd_event_add_time", code: -r,
                                     reason: "cannot schedule the netlink resync; the kernel backend stays stale"))
+            // No timer will resync: resync now, once per run of failures
+            // (if that fails too, the sockets stay unread: a persistent
+            // error must not spin the loop).
+            guard !stopped, !resyncedWithoutTimer else { return }
+            resyncedWithoutTimer = true
+            resync()
         }
     }
 
@@ -380,6 +386,7 @@ final class NetlinkWatcher {
             // not keep the retry at its first delay).
             resyncing = false
             retry.reset()
+            resyncedWithoutTimer = false
         }
         if routeDumpWanted {
             routeDumpWanted = false
