@@ -55,6 +55,41 @@ func linkFlags(_ name: String, settingUp up: Bool? = nil) throws -> Int32 {
     return flags
 }
 
+/// What a netlink watcher reported, in order: "table", or "failed
+/// <operation> <errno>".
+final class WatcherLog {
+    var events: [String] = []
+    var last: LinkTable?
+    /// Stopped from its own failure event when `stopOnFailure`.
+    private(set) var watcher: NetlinkWatcher?
+
+    /// A watcher on `loop` reporting here, once its first table is in; nil
+    /// when none came within 5 s. The caller stops it.
+    static func start(on loop: EventLoop, stopOnFailure: Bool = false) throws -> (WatcherLog, NetlinkWatcher)? {
+        let log = WatcherLog()
+        let watcher = try NetlinkWatcher(
+            receiveBuffer: nil, loop: loop, logger: Logger(level: .error, handler: .stderr),
+            onTable: { log.events.append("table"); log.last = $0 },
+            onFailure: {
+                log.events.append("failed \($0.operation) \($0.code ?? 0)")
+                if stopOnFailure { log.watcher?.stop() }
+            })
+        log.watcher = watcher
+        guard try loop.run(until: { log.last != nil }, timeout: .seconds(5)) else {
+            watcher.stop()
+            log.watcher = nil
+            return nil
+        }
+        return (log, watcher)
+    }
+
+    /// Breaks the watcher ↔ log cycle.
+    func finish() {
+        watcher?.stop()
+        watcher = nil
+    }
+}
+
 extension SystemdTests {
     /// The kernel backend's dumps, when asking for one fails.
     @Suite struct NetlinkResync {
@@ -69,14 +104,8 @@ extension SystemdTests {
         @Test func aDumpRequestThatFailsIsAFailureThenAResyncWithBackoff() throws {
             let outcome = try inNewNetworkNamespace { () throws -> Outcome in
                 let loop = try EventLoop()
-                final class Seen { var events: [String] = []; var last: LinkTable? }
-                let seen = Seen()
-                let watcher = try NetlinkWatcher(
-                    receiveBuffer: nil, loop: loop, logger: Logger(level: .error, handler: .stderr),
-                    onTable: { seen.events.append("table"); seen.last = $0 },
-                    onFailure: { seen.events.append("failed \($0.operation) \($0.code ?? 0)") })
-                defer { watcher.stop() }
-                guard try loop.run(until: { seen.last != nil }, timeout: .seconds(5)) else { return Outcome() }
+                guard let (seen, watcher) = try WatcherLog.start(on: loop) else { return Outcome() }
+                defer { seen.finish() }
                 // The next two dump requests fail (as sendto would with
                 // ENOBUFS) when an overrun's resync asks for them.
                 seen.events = []
@@ -102,13 +131,8 @@ extension SystemdTests {
         @Test func aDumpThatKeepsFailingAfterOneThatWorksBacksOffFurtherEachTime() throws {
             let delays = try inNewNetworkNamespace { () throws -> [UInt64] in
                 let loop = try EventLoop()
-                final class Seen { var last: LinkTable? }
-                let seen = Seen()
-                let watcher = try NetlinkWatcher(
-                    receiveBuffer: nil, loop: loop, logger: Logger(level: .error, handler: .stderr),
-                    onTable: { seen.last = $0 }, onFailure: { _ in })
-                defer { watcher.stop() }
-                guard try loop.run(until: { seen.last != nil }, timeout: .seconds(5)) else { return [] }
+                guard let (seen, watcher) = try WatcherLog.start(on: loop) else { return [] }
+                defer { seen.finish() }
                 // Each resync: the link dump works (0), the address dump fails.
                 watcher.injectedSendErrors = [0, ENOBUFS, 0, ENOBUFS, 0, ENOBUFS]
                 watcher.resync()
@@ -126,15 +150,8 @@ extension SystemdTests {
         @Test func aProgramThatStopsTheWatcherOnItsFailureGetsNoRetryAndNoFurtherReads() throws {
             let outcome = try inNewNetworkNamespace { () throws -> (events: [String], retries: Int) in
                 let loop = try EventLoop()
-                final class Seen { var events: [String] = []; var last: LinkTable?; var watcher: NetlinkWatcher? }
-                let seen = Seen()
-                let watcher = try NetlinkWatcher(
-                    receiveBuffer: nil, loop: loop, logger: Logger(level: .error, handler: .stderr),
-                    onTable: { seen.events.append("table"); seen.last = $0 },
-                    onFailure: { seen.events.append("failed \($0.code ?? 0)"); seen.watcher?.stop() })
-                seen.watcher = watcher
-                defer { watcher.stop(); seen.watcher = nil }
-                guard try loop.run(until: { seen.last != nil }, timeout: .seconds(5)) else { return ([], -1) }
+                guard let (seen, watcher) = try WatcherLog.start(on: loop, stopOnFailure: true) else { return ([], -1) }
+                defer { seen.finish() }
                 seen.events = []
                 watcher.injectedSendErrors = [ENOBUFS]
                 watcher.resync()
@@ -142,21 +159,15 @@ extension SystemdTests {
                 _ = try loop.run(until: { false }, timeout: .milliseconds(300))
                 return (seen.events, watcher.retries)
             }
-            #expect(outcome.events == ["failed \(ENOBUFS)"])
+            #expect(outcome.events == ["failed sendto(netlink dump) \(ENOBUFS)"])
             #expect(outcome.retries == 0)
         }
         @Test func aReadThatFailsIsAFailureThenAResyncThatSeesWhatItMissed() throws {
             struct Seen2: Sendable { var events: [String] = []; var loUp = false; var kernelSaysUp = false; var lastDelay: UInt64 = 0; var retries = 0 }
             let outcome = try inNewNetworkNamespace { () throws -> Seen2 in
                 let loop = try EventLoop()
-                final class Seen { var events: [String] = []; var last: LinkTable? }
-                let seen = Seen()
-                let watcher = try NetlinkWatcher(
-                    receiveBuffer: nil, loop: loop, logger: Logger(level: .error, handler: .stderr),
-                    onTable: { seen.events.append("table"); seen.last = $0 },
-                    onFailure: { seen.events.append("failed \($0.operation) \($0.code ?? 0)") })
-                defer { watcher.stop() }
-                guard try loop.run(until: { seen.last != nil }, timeout: .seconds(5)) else { return Seen2() }
+                guard let (seen, watcher) = try WatcherLog.start(on: loop) else { return Seen2() }
+                defer { seen.finish() }
                 seen.events = []
                 // The next two reads fail (as recvmsg would with ENOMEM):
                 // the first on the notification that lo went up, the second

@@ -146,7 +146,7 @@ public final class SystemdDriver: Driver {
     /// existential on the way).
     private func startTimer(_ ticket: SourceTicket) {
         guard let configuration = ticket.configuration(as: TimerSource.self) else {
-            ticket.fail(SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(TimerSource.Configuration.self)"))
+            ticket.fail(TimerSource.wrongConfiguration(ticket))
             return
         }
         let runner = spareTimers.popLast() ?? TimerRunner(loop: loop)
@@ -164,7 +164,7 @@ public final class SystemdDriver: Driver {
     /// `SourceContext` or existential on the way.
     private func startWatch(_ ticket: SourceTicket) {
         guard let configuration = ticket.configuration(as: FileWatchSource.self) else {
-            ticket.fail(SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(FileWatchSource.Configuration.self)"))
+            ticket.fail(FileWatchSource.wrongConfiguration(ticket))
             return
         }
         keepInotifyOpen()
@@ -182,7 +182,7 @@ public final class SystemdDriver: Driver {
     /// A signal, the same way.
     private func startSignal(_ ticket: SourceTicket) {
         guard let signal = ticket.configuration(as: SignalSource.self) else {
-            ticket.fail(SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(SignalSource.Configuration.self)"))
+            ticket.fail(SignalSource.wrongConfiguration(ticket))
             return
         }
         do {

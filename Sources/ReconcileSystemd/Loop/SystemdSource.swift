@@ -31,9 +31,12 @@ public struct SourceContext {
 
 extension SystemdSource {
     static func _start(_ ticket: SourceTicket, context: SourceContext) throws -> any RunningSource {
-        guard let config = ticket.configuration(as: Self.self) else {
-            throw SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(Configuration.self)")
-        }
+        guard let config = ticket.configuration(as: Self.self) else { throw wrongConfiguration(ticket) }
         return try start(ticket, config, context: context)
+    }
+
+    /// The failure of a start whose ticket carries another kind's configuration.
+    static func wrongConfiguration(_ ticket: SourceTicket) -> SourceFailure {
+        SourceFailure(operation: "start \(ticket.id)", reason: "configuration is not \(Configuration.self)")
     }
 }
