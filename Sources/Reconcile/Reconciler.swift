@@ -69,6 +69,15 @@ final class ActiveSource: SourceTicket {
     override func fail(_ failure: SourceFailure) { link.fail(failure, from: self) }
     override func poster() -> EventPoster { link.poster(for: self) }
 
+    /// Whether this entry's identity has cached hash `hash`, kind `kind` and
+    /// a key equal to the one in `key` (held by the caller), compared
+    /// without copying the identity (no reference counting).
+    @inline(__always)
+    func hasIdentity(_ hash: Int, _ kind: ObjectIdentifier, _ key: Unmanaged<HashableBox>) -> Bool {
+        guard id.cachedHash == hash, id.kind.type == kind else { return false }
+        return ReconcileEngine.sameBox(.passUnretained(id.keyBox), key)
+    }
+
     /// Whether no weak or unowned reference to this entry exists (strong
     /// ones the caller checks with `isKnownUniquelyReferenced`): a stopped
     /// entry that passes both cannot be reached by anything that saw its
@@ -427,7 +436,7 @@ final class ReconcileEngine {
             if memo.cursor < memo.order.count {
                 let e = memo.order[memo.cursor]
                 let key = Unmanaged.passUnretained(items[i].id.keyBox)
-                if e._withUnsafeGuaranteedRef({ Self.hasID($0, items[i].id.cachedHash, items[i].id.kind.type, key) }) {
+                if e._withUnsafeGuaranteedRef({ $0.hasIdentity(items[i].id.cachedHash, items[i].id.kind.type, key) }) {
                     found = e
                     memo.cursor += 1
                 }
@@ -461,14 +470,6 @@ final class ReconcileEngine {
         }
     }
 
-    /// Whether `entry`'s identity has cached hash `hash`, kind `kind` and a
-    /// key equal to the one in `key`, without copying the entry's identity
-    /// (no reference counting around the key comparison).
-    @inline(__always)
-    private static func hasID(_ entry: ActiveSource, _ hash: Int, _ kind: ObjectIdentifier, _ key: Unmanaged<HashableBox>) -> Bool {
-        entry.id.cachedHash == hash && entry.id.kind.type == kind && sameBox(.passUnretained(entry.id.keyBox), key)
-    }
-
     @inline(__always)
     private static func sameBox(_ a: HashableBox, _ b: HashableBox) -> Bool { sameBox(.passUnretained(a), .passUnretained(b)) }
 
@@ -477,7 +478,7 @@ final class ReconcileEngine {
     /// Callers pass references made where the box was read, so nothing is
     /// retained to keep it alive across the call.
     @inline(__always)
-    private static func sameBox(_ ua: Unmanaged<HashableBox>, _ ub: Unmanaged<HashableBox>) -> Bool {
+    fileprivate static func sameBox(_ ua: Unmanaged<HashableBox>, _ ub: Unmanaged<HashableBox>) -> Bool {
         if ua.toOpaque() == ub.toOpaque() { return true }
         return ua._withUnsafeGuaranteedRef { a in ub._withUnsafeGuaranteedRef { b in a.isEqual(b) } }
     }
@@ -575,7 +576,8 @@ final class ReconcileEngine {
     // Borrowed: the set holds the node for the walk, so the common skip
     // costs no reference counting (only `setNode` takes a reference).
     private func walkGroup(_ node: borrowing GroupNode<Erased>) {
-        if skipInPlace(node) { return }
+        let compared = skipInPlace(node)
+        if compared == Self.skipped { return }
         let parent = current
         var found: GroupMemo?
         var match = 0
@@ -585,7 +587,8 @@ final class ReconcileEngine {
         if parent.childCursor < parent.childOrder.count {
             let m = parent.childOrder[parent.childCursor].takeUnretainedValue()
             if let last = m.node, m.occurrence == 0, m.walkEpoch != epoch {
-                match = node.match(last)
+                // The same memo `skipInPlace` looked at: its comparison holds.
+                match = compared >= 0 ? compared : node.match(last)
                 if match != 0 {
                     found = m
                     parent.childCursor += 1
@@ -631,32 +634,38 @@ final class ReconcileEngine {
         }
     }
 
+    /// `skipInPlace`'s answer when it skipped the group.
+    private static let skipped = 3
+
     /// The common case, without reference counting: the group in its
     /// place among its parent's, with the same key and an equal input, no
     /// message mapping and nothing that forces a build. Skips it and
-    /// returns true; otherwise changes nothing and returns false.
+    /// returns `skipped`; otherwise changes nothing and returns how the
+    /// group compared with the one in its place (`GroupNode.match`), or -1
+    /// when it was not compared.
     @inline(__always)
-    private func skipInPlace(_ node: borrowing GroupNode<Erased>) -> Bool {
-        guard !verifiesGroups && !mapping else { return false }
+    private func skipInPlace(_ node: borrowing GroupNode<Erased>) -> Int {
+        guard !verifiesGroups && !mapping else { return -1 }
         let epoch = self.epoch
-        return Unmanaged.passUnretained(current)._withUnsafeGuaranteedRef { parent -> Bool in
+        return Unmanaged.passUnretained(current)._withUnsafeGuaranteedRef { parent -> Int in
             let i = parent.childCursor
-            guard i < parent.childOrder.count else { return false }
+            guard i < parent.childOrder.count else { return -1 }
             let u = parent.childOrder[i]
-            let skipped = u._withUnsafeGuaranteedRef { m -> Bool in
+            let match = u._withUnsafeGuaranteedRef { m -> Int in
                 guard m.walkEpoch != epoch, m.occurrence == 0, m.forward == nil, m.rebuildEpoch != epoch,
-                      m.subtreeDuplicates == 0, let last = m.nodeRef,
-                      last._withUnsafeGuaranteedRef({ node.match($0) }) == 2
-                else { return false }
+                      m.subtreeDuplicates == 0, let last = m.nodeRef
+                else { return -1 }
+                let match = last._withUnsafeGuaranteedRef { node.match($0) }
+                guard match == 2 else { return match }
                 m.walkEpoch = epoch
                 m.skipEpoch = epoch
                 kept += m.subtreeCount
-                return true
+                return Self.skipped
             }
-            guard skipped else { return false }
+            guard match == Self.skipped else { return match }
             parent.childCursor = i + 1
             placeChild(u, in: parent)
-            return true
+            return match
         }
     }
 
@@ -711,14 +720,14 @@ final class ReconcileEngine {
                 for i in from..<order.count { order[i]._withUnsafeGuaranteedRef { $0.position = UInt32(truncatingIfNeeded: i) } }
             }
         }
-        if memo.childBuilding || memo.visited != memo.childOrder.count {
-            if !memo.childBuilding {
-                memo.newChildOrder.removeAll(keepingCapacity: true)
-                memo.newChildOrder.append(contentsOf: memo.childOrder[0..<memo.visited])
-            }
+        if memo.childBuilding {
             swap(&memo.childOrder, &memo.newChildOrder)
             memo.newChildOrder.removeAll(keepingCapacity: true)
             memo.childBuilding = false
+        } else if memo.visited < memo.childOrder.count {
+            // The same order, only shorter: the groups after the last one
+            // walked went (`placeChild` starts building on any other change).
+            memo.childOrder.removeLast(memo.childOrder.count - memo.visited)
         }
         var count = memo.order.count
         if memo.visited != memo.children.count {
@@ -966,12 +975,7 @@ final class EntryTable {
             if x == 0 { return nil }
             if x == t {
                 let u = unretained(at: i)
-                let match = u._withUnsafeGuaranteedRef { e in
-                    guard e.id.cachedHash == hash, e.id.kind.type == kind else { return false }
-                    let k = Unmanaged.passUnretained(e.id.keyBox)
-                    return k.toOpaque() == key.toOpaque() || k._withUnsafeGuaranteedRef { a in key._withUnsafeGuaranteedRef { a.isEqual($0) } }
-                }
-                if match { return u }
+                if u._withUnsafeGuaranteedRef({ $0.hasIdentity(hash, kind, key) }) { return u }
             }
             i = (i &+ 1) & mask
         }

@@ -168,7 +168,7 @@ final class NetlinkWatcher {
         resyncPending = false
         resyncing = true
         // Sockets left unread after a failed read are read again.
-        resumeReading()
+        setReadingPaused(false)
         routeDumpWanted = false
         routeDisputes = 0
         table = LinkTable()
@@ -315,12 +315,13 @@ final class NetlinkWatcher {
         }
     }
 
-    /// Reads both sockets again after `readFailed` paused them.
-    private func resumeReading() {
-        guard readingPaused else { return }
-        readingPaused = false
-        if let s = source?.handle { sd_event_source_set_enabled(s, Int32(SD_EVENT_ON)) }
-        if let s = dumpSource?.handle { sd_event_source_set_enabled(s, Int32(SD_EVENT_ON)) }
+    /// Pauses or resumes reading both sockets (`readFailed`, `resync`).
+    private func setReadingPaused(_ paused: Bool) {
+        guard paused != readingPaused else { return }
+        readingPaused = paused
+        let enabled = Int32(paused ? SD_EVENT_OFF : SD_EVENT_ON)
+        if let s = source?.handle { sd_event_source_set_enabled(s, enabled) }
+        if let s = dumpSource?.handle { sd_event_source_set_enabled(s, enabled) }
     }
 
     /// A read failed other than by an overrun: what it carried is lost, so
@@ -328,9 +329,7 @@ final class NetlinkWatcher {
     /// re-enables them), scheduled with backoff as after a failed dump; the
     /// program gets the failure event.
     private func readFailed(_ fd: Int32, _ code: Int32) {
-        readingPaused = true
-        if let s = source?.handle { sd_event_source_set_enabled(s, Int32(SD_EVENT_OFF)) }
-        if let s = dumpSource?.handle { sd_event_source_set_enabled(s, Int32(SD_EVENT_OFF)) }
+        setReadingPaused(true)
         // A dump's answer may be what was lost: the resync asks again.
         dumping = nil
         resyncPending = false

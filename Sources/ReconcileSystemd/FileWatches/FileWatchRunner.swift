@@ -338,7 +338,7 @@ final class FileWatchRunner: DriverRunner {
                 return .failure(SystemdError("stat \(entryPath)", errno: e).failure)
             }
             let type = st.st_mode & S_IFMT
-            let key = DirectoryWatches.Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
+            let key = DirectoryWatches.Key(st)
             let last = restIsDots()
             if type == S_IFLNK && (!last || follow) {
                 links += 1
@@ -378,7 +378,7 @@ final class FileWatchRunner: DriverRunner {
         // The path is `/`, or ends in `..`: the final object is `dir`.
         var st = stat()
         guard fstat(dir, &st) == 0 else { return .failure(SystemdError("stat \(dirPath)", errno: errno).failure) }
-        guard let w = watch(dir, dirPath, DirectoryWatches.Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))) else { return .failure(failure!) }
+        guard let w = watch(dir, dirPath, DirectoryWatches.Key(st)) else { return .failure(failure!) }
         w.entries = true
         return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
     }
@@ -637,6 +637,9 @@ final class DirectoryWatches {
     struct Key: Hashable {
         let device: UInt64
         let inode: UInt64
+        init(device: UInt64, inode: UInt64) { (self.device, self.inode) = (device, inode) }
+        /// The file `st` describes.
+        init(_ st: stat) { self.init(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)) }
         /// One word into the hasher (the inode spread, the device mixed in).
         func hash(into hasher: inout Hasher) { hasher.combine(inode &* 0x9E37_79B9_7F4A_7C15 ^ device) }
     }
@@ -721,7 +724,7 @@ final class DirectoryWatches {
                 failure = SystemdError("stat \(path)", errno: errno).failure
                 return nil
             }
-            key = Key(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
+            key = Key(st)
         }
         let i = Self.slot(key)
         if let e = recent[i], e.key == key { return e }

@@ -106,10 +106,8 @@ public final class SystemdDriver: Driver {
             return
         }
         do {
-            let running = try kind._start(ticket, context: SourceContext(loop: loop, logger: logger, driver: self))
-            // A built-in runner started through the generic entry is its
-            // own node; anything else gets one.
-            if let runner = running as? DriverRunner, runner.list == nil { own(runner, ticket) } else { own(ForeignRunner(running), ticket) }
+            // Built-in kinds never come here (the switch above).
+            own(ForeignRunner(try kind._start(ticket, context: SourceContext(loop: loop, logger: logger, driver: self))), ticket)
         } catch {
             ticket.fail(Self.failure(error, ticket))
         }
@@ -117,13 +115,9 @@ public final class SystemdDriver: Driver {
 
     /// Applies the ticket's new configuration in place; an error becomes a failure event.
     public func retune(_ ticket: SourceTicket, from old: AnyHashable) {
-        guard let runner = ticket.driverState as? DriverRunner else { return }
-        if let timer = Self.timerRunner(runner) {
-            guard let configuration = ticket.configuration(as: TimerSource.self) else { return }
-            do { try timer.retune(to: configuration) } catch { ticket.fail(error.failure) }
-            return
-        }
-        do { try runner.retune(to: ticket.configuration) } catch { ticket.fail(Self.failure(error, ticket)) }
+        // Only this driver sets `driverState`, always to a `DriverRunner`.
+        guard let state = ticket.driverState else { return }
+        do { try unsafeDowncast(state, to: DriverRunner.self).retune(ticket) } catch { ticket.fail(Self.failure(error, ticket)) }
     }
 
     /// Stops the source; it emits nothing afterwards.
@@ -198,13 +192,6 @@ public final class SystemdDriver: Driver {
     private func own(_ runner: consuming DriverRunner, _ ticket: SourceTicket) {
         owned.link(.passUnretained(runner), ticket)
         ticket.driverState = consume runner
-    }
-
-    /// `state` as a `TimerRunner`, by one compare of its class (no
-    /// conformance lookup).
-    @inline(__always)
-    private static func timerRunner(_ state: DriverRunner) -> TimerRunner? {
-        ObjectIdentifier(type(of: state)) == ObjectIdentifier(TimerRunner.self) ? unsafeDowncast(state, to: TimerRunner.self) : nil
     }
 
     /// The `SystemdSource` conformance of `type`, cached per kind.
@@ -315,6 +302,9 @@ class DriverRunner: RunningSource {
 
     /// Applies `configuration` in place (subclasses).
     func retune(to configuration: AnyHashable) throws {}
+    /// Applies `ticket`'s configuration in place: the driver's entry (a
+    /// subclass reads its own kind's configuration typed).
+    func retune(_ ticket: SourceTicket) throws { try retune(to: ticket.configuration) }
     /// Stops the source itself; may be called again (does nothing then).
     func stop() {}
 

@@ -98,6 +98,12 @@ final class TimerRunner: DriverRunner {
         try retune(to: c)
     }
 
+    /// The driver's retune: the configuration read typed (no `AnyHashable`).
+    override func retune(_ ticket: SourceTicket) throws {
+        guard let c = ticket.configuration(as: TimerSource.self) else { return }
+        try retune(to: c)
+    }
+
     /// Applies a new interval and leeway in place.
     func retune(to c: TimerSource.Configuration) throws(SystemdError) {
         guard let handle else { return }
