@@ -59,8 +59,9 @@ final class NetlinkWatcher {
     private let onFailure: (SourceFailure) -> Void
     private let logger: Logger
     private let loop: EventLoop
-    private var retry = Backoff(initial: NetlinkWatcher.retryInitial, maximum: NetlinkWatcher.retryMaximum)
-    private var retryTimer: EventSource?
+    private lazy var retry = RetryTimer(loop: loop, initial: Self.retryInitial, maximum: Self.retryMaximum) { [unowned self] in
+        resync()
+    }
     /// A resync was started at once because its timer could not be made
     /// (once per run of failures: reset when a full resync completes).
     private var resyncedWithoutTimer = false
@@ -72,7 +73,7 @@ final class NetlinkWatcher {
     /// the first errno here, if any, as `recvmsg`'s failure (nothing is read).
     var injectedReceiveErrors: [Int32] = []
     /// The delay of the last resync scheduled after a failure (µs).
-    private(set) var lastRetryDelay: UInt64 = 0
+    var lastRetryDelay: UInt64 { retry.lastDelay }
     /// Set by `stop()`. `onFailure` and `onTable` run the program, which may
     /// stop this watcher (and close its sockets, whose numbers a new watcher
     /// may get at once): every path checks this after calling them.
@@ -232,25 +233,13 @@ final class NetlinkWatcher {
         resyncing = true
         onFailure(failure)
         // The program may have stopped this watcher: then nothing is retried.
-        guard !stopped, retryTimer == nil else { return }
-        let delay = retry.take()
-        retries += 1
-        lastRetryDelay = delay
-        logger.warning("connectivity: \(failure), resyncing in \(delay / 1000) ms", ["RETRY": "\(retries)"])
-        var s: OpaquePointer?
-        let r = sd_event_add_time(loop.handle, &s, CLOCK_MONOTONIC, usecAdd(loop.now(CLOCK_MONOTONIC), delay), 1000, { _, _, ud in
-            let me = Unmanaged<NetlinkWatcher>.fromOpaque(ud!).takeUnretainedValue()
-            withExtendedLifetime(me) {
-                me.retryTimer?.close()
-                me.retryTimer = nil
-                me.resync()
-            }
-            return 0
-        }, Unmanaged.passUnretained(self).toOpaque())
-        if r >= 0 {
-            retryTimer = EventSource(s!)
-        } else {
-            onFailure(SourceFailure(operation: "sd_event_add_time", code: -r,
+        guard !stopped, !retry.isArmed else { return }
+        do {
+            let delay = try retry.schedule()
+            retries += 1
+            logger.warning("connectivity: \(failure), resyncing in \(delay / 1000) ms", ["RETRY": "\(retries)"])
+        } catch {
+            onFailure(SourceFailure(operation: error.function, code: error.errno,
                                     reason: "cannot schedule the netlink resync; the kernel backend stays stale"))
             // No timer will resync: resync now, once per run of failures
             // (if that fails too, the sockets stay unread: a persistent
@@ -406,7 +395,7 @@ final class NetlinkWatcher {
     func stop() {
         guard !stopped else { return }
         stopped = true
-        retryTimer?.close(); retryTimer = nil
+        retry.close()
         source?.close(); source = nil
         dumpSource?.close(); dumpSource = nil
         close(fd)

@@ -90,11 +90,12 @@ final class NetworkdConnectivity: RunningSource {
     private let logger: Logger
     private var bus: SystemBus?
     private var slots: [OpaquePointer] = []
-    private var retryTimer: EventSource?
     /// Armed from connect until the bus answers GetNameOwner: sd-bus itself
     /// waits up to its authentication timeout (far longer) on a mute socket.
     private var answerTimer: EventSource?
-    private var backoff = Backoff(initial: NetworkdConnectivity.reconnectInitial, maximum: NetworkdConnectivity.reconnectMaximum)
+    private lazy var retry = RetryTimer(loop: loop, initial: Self.reconnectInitial, maximum: Self.reconnectMaximum) { [unowned self] in
+        connect()
+    }
     private var attempts = 0
     /// How deep we are in sd-bus callbacks of this source: a connection must
     /// not be freed while sd-bus is still dispatching on it.
@@ -143,7 +144,6 @@ final class NetworkdConnectivity: RunningSource {
     }
 
     private func connect() {
-        retryTimer?.close(); retryTimer = nil
         guard !stopped else { return }
         do {
             attach(try SystemBus(loop: loop))
@@ -189,7 +189,7 @@ final class NetworkdConnectivity: RunningSource {
     /// The bus answered: it is alive; the next loss starts the backoff afresh.
     private func answered() {
         answerTimer?.close(); answerTimer = nil
-        backoff.reset()
+        retry.reset()
         attempts = 0
     }
 
@@ -212,20 +212,14 @@ final class NetworkdConnectivity: RunningSource {
     }
 
     private func scheduleReconnect() {
-        guard !stopped, retryTimer == nil else { return }
-        let delay = backoff.take()
-        attempts += 1
-        logger.info("connectivity: reconnecting to the system bus in \(delay / 1000) ms (attempt \(attempts))",
-                    ["RECONNECT_ATTEMPT": "\(attempts)", "RECONNECT_DELAY_USEC": "\(delay)"])
-        var s: OpaquePointer?
-        let r = sd_event_add_time_relative(loop.handle, &s, CLOCK_MONOTONIC, delay, delay / 10, { _, _, ud in
-            Unmanaged<NetworkdConnectivity>.fromOpaque(ud!).takeUnretainedValue().connect()
-            return 0
-        }, userdata)
-        if r >= 0 {
-            retryTimer = EventSource(s!)
-        } else {
-            reporter.fail(SourceFailure(operation: "sd_event_add_time_relative", code: -r,
+        guard !stopped, !retry.isArmed else { return }
+        do {
+            let delay = try retry.schedule()
+            attempts += 1
+            logger.info("connectivity: reconnecting to the system bus in \(delay / 1000) ms (attempt \(attempts))",
+                        ["RECONNECT_ATTEMPT": "\(attempts)", "RECONNECT_DELAY_USEC": "\(delay)"])
+        } catch {
+            reporter.fail(SourceFailure(operation: error.function, code: error.errno,
                                         reason: "cannot schedule a reconnect to the system bus; the source stays down"))
         }
     }
@@ -398,7 +392,7 @@ final class NetworkdConnectivity: RunningSource {
         reporter.stop()
         kernel?.stop()
         kernel = nil
-        retryTimer?.close(); retryTimer = nil
+        retry.close()
         retireBus()
     }
 }

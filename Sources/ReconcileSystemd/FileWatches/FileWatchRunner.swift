@@ -139,8 +139,8 @@ final class FileWatchRunner: DriverRunner {
     private var flush: OpaquePointer?
     /// Started and not stopped since.
     private var running = false
-    private var retryTimer: EventSource?
-    private var retry = Backoff(initial: FileWatchRunner.firstRetryMicroseconds, maximum: FileWatchRunner.maximumRetryMicroseconds)
+    /// Made at the first failure (most watches never fail).
+    private var retry: RetryTimer?
     /// What the path named when last resolved.
     private var target = Target.missing
     /// The failure reported for the current failed episode, if any.
@@ -183,7 +183,7 @@ final class FileWatchRunner: DriverRunner {
         failureToReport = nil
         needsRearm = false
         touched = false
-        retry.reset()
+        retry?.reset()
         if flush == nil {
             var s: OpaquePointer?
             try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in
@@ -474,7 +474,7 @@ final class FileWatchRunner: DriverRunner {
                 // Armed again after a failure: say what is there now (any
                 // change in between went unseen).
                 failure = nil
-                retry.reset()
+                retry?.reset()
                 if now != .missing {
                     record(.exists)
                 } else if before != .missing {
@@ -498,23 +498,15 @@ final class FileWatchRunner: DriverRunner {
     private func fail(_ f: SourceFailure) {
         if failure != f { failureToReport = f }
         failure = f
-        let delay = retry.take()
-        var now: UInt64 = 0
-        sd_event_now(loop.handle, CLOCK_MONOTONIC, &now)
-        if let t = retryTimer?.handle {
-            sd_event_source_set_time(t, usecAdd(now, delay))
-            sd_event_source_set_enabled(t, Int32(SD_EVENT_ONESHOT))
-            return
-        }
-        var s: OpaquePointer?
-        let r = sd_event_add_time(loop.handle, &s, CLOCK_MONOTONIC, usecAdd(now, delay), 1000, { _, _, ud in
-            Unmanaged<FileWatchRunner>.fromOpaque(ud!).takeUnretainedValue().scheduleRearm()
-            return 0
-        }, Unmanaged.passUnretained(self).toOpaque())
-        if r >= 0 {
-            retryTimer = EventSource(s!)
-        } else {
-            failureToReport = SystemdError("sd_event_add_time (file watch retry)", errno: -r).failure
+        do {
+            if retry == nil {
+                retry = RetryTimer(loop: loop, initial: Self.firstRetryMicroseconds, maximum: Self.maximumRetryMicroseconds) {
+                    [unowned self] in scheduleRearm()
+                }
+            }
+            try retry!.schedule()
+        } catch {
+            failureToReport = SystemdError("\(error.function) (file watch retry)", errno: error.errno).failure
         }
     }
 
@@ -565,7 +557,7 @@ final class FileWatchRunner: DriverRunner {
     /// Stops; the flush source stays, off, for the next start.
     override func stop() {
         closeWatches()
-        retryTimer?.close(); retryTimer = nil
+        retry?.close()
         if running {
             running = false
             if let h = flush { sd_event_source_set_enabled(h, Int32(SD_EVENT_OFF)) }
