@@ -180,12 +180,14 @@ public struct Subscriptions<Message> {
 
     /// Appends `other`'s parts (adjacent plain parts are merged).
     @inlinable mutating func append(_ other: consuming Subscriptions<Message>) {
+        guard storage != nil else {
+            self = other
+            return
+        }
         switch other.storage {
         case nil: return
-        case .one(let p)?:
-            if storage == nil { self = other } else { append(p) }
-        case .many(let parts)?:
-            if storage == nil { self = other } else { for p in parts { append(p) } }
+        case .one(let p)?: append(p)
+        case .many(let parts)?: for p in parts { append(p) }
         }
     }
 
