@@ -236,8 +236,12 @@ public final class TranscriptRecorder<P: Program> {
             inserts.insert((at: 0, bytes: header, time: .zero), at: 0)
         }
         let n = fast.pointee.count
-        let records = [TranscriptRecord<P.Message, P.Command>](unsafeUninitializedCapacity: n) { buffer, count in
-            if n > 0 { buffer.baseAddress!.moveInitialize(from: pending, count: n) }
+        // Not `Array(unsafeUninitializedCapacity: 0)`: with no capacity it
+        // hands out the runtime's shared empty-array storage and then writes
+        // the count (0) into it — a store to a global every other thread
+        // reads, which ThreadSanitizer rightly reports as a race.
+        let records: [TranscriptRecord<P.Message, P.Command>] = n == 0 ? [] : .init(unsafeUninitializedCapacity: n) { buffer, count in
+            buffer.baseAddress!.moveInitialize(from: pending, count: n)
             count = n
         }
         fast.pointee.count = 0
