@@ -6,8 +6,10 @@ import Reconcile
 // group (its first subscription, a timer, gets another interval: one retune).
 // Every implementation computes the whole desired set from its model on every
 // reconcile, as a program's `subscriptions(model)` does, and reconciles it
-// with our `Reconciler` (the plan only, no driver). A group's model is its
-// size and a version; its input is that model.
+// with our `Reconciler` (the plan only, no driver), built inside
+// `reconcile(building:)` as the runtime does (an unchanged group is given
+// its last node back). A group's model is its size and a version; its input
+// is that model.
 //
 // - `groups`: `Subscriptions.group(g, model[g]) { m in … }` per group, the
 //   body capturing its key `g` (one closure context per group and build);
@@ -115,7 +117,7 @@ final class GroupsCase: Benchmark {
         models = Array(repeating: GroupModel(size: perGroup, version: 0), count: groups)
         chunks = stride(from: 0, to: groups, by: nestedFanOut).map { Array(models[$0..<min(groups, $0 + nestedFanOut)]) }
         if kind == .handCached { cache = (0..<groups).map { groupSubscriptions($0, models[$0]) } }
-        reconciler.reconcile(desired())
+        reconciler.reconcile(building: desired)
     }
 
     func run(_ iteration: Int) -> Int {
@@ -125,7 +127,7 @@ final class GroupsCase: Benchmark {
             if kind.isNested { chunks[g / nestedFanOut][g % nestedFanOut].version &+= 1 }
             if kind == .handCached { cache[g] = groupSubscriptions(g, models[g]) }
         }
-        lastPlan = reconciler.reconcile(desired())
+        lastPlan = reconciler.reconcile(building: desired)
         return lastPlan.kept
     }
 

@@ -158,7 +158,7 @@ final class GroupMemo {
     var children: [GroupKey: GroupMemo] = [:]
     /// The nested groups in the order last walked, for positional lookup
     /// (unretained: `children` holds them).
-    var childOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
+    @exclusivity(unchecked) var childOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
     /// The new child order, built only from where it first differs.
     var newChildOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
     var childBuilding = false
@@ -217,6 +217,67 @@ final class GroupMemo {
     }
 }
 
+/// The last reconcile's groups, offered to `Subscriptions.group` while a
+/// reconciler builds the set it is about to reconcile
+/// (`Reconciler.reconcile(building:)`, which the runtime uses): a group
+/// whose key and input equal the one in its place last time is given that
+/// node back instead of a new one, so an unchanged group costs the program
+/// no allocation of its own (its body's closure context, made by the caller
+/// before the call, is the one left). The walk then finds the very node it
+/// remembers and skips the group on a pointer compare.
+///
+/// Reusing a node is what skipping already assumes: a group's
+/// subscriptions depend on its key and input alone. With `verifiesGroups`
+/// nothing is reused (the check needs the new body).
+@usableFromInline final class GroupReuse {
+    // Read and written only on the thread reconciling, within
+    // `Reconciler.reconcile(building:)` (`active()` refuses every other
+    // task before anything here is read).
+    /// The group whose last children are compared (the root for the top
+    /// level; the reconciler holds it), and the next of them to compare.
+    @exclusivity(unchecked) var parent: Unmanaged<GroupMemo>
+    @exclusivity(unchecked) var cursor = 0
+
+    init(root: GroupMemo) { parent = .passUnretained(root) }
+
+    /// What is bound while a set is built: the context, unretained, and
+    /// the task that bound it (nil: none). Plain values, so reading the
+    /// task-local copies no reference. A task made while the set is built
+    /// inherits the binding; it is refused by its task (it may run after
+    /// the reconcile, on another thread), before the context is touched.
+    struct Binding: Sendable {
+        nonisolated(unsafe) let context: Unmanaged<GroupReuse>
+        nonisolated(unsafe) let task: UnsafeRawPointer?
+    }
+
+    @TaskLocal static var current: Binding?
+
+    /// The running task, as an address (nil: none).
+    static var currentTask: UnsafeRawPointer? {
+        withUnsafeCurrentTask { $0.map { unsafeBitCast($0, to: UnsafeRawPointer.self) } }
+    }
+
+    /// The context bound to this task, if any.
+    @usableFromInline static func active() -> Unmanaged<GroupReuse>? {
+        guard let b = current, b.task == currentTask else { return nil }
+        return b.context
+    }
+
+    /// The node last built at `offset` past the cursor, unretained (the
+    /// parent's memo holds it), or nil.
+    @usableFromInline func candidate(_ offset: Int) -> Unmanaged<GroupIdentity>? {
+        let i = cursor + offset
+        return parent._withUnsafeGuaranteedRef { p in
+            guard i < p.childOrder.count else { return nil }
+            return p.childOrder[i]._withUnsafeGuaranteedRef { $0.nodeRef }
+        }
+    }
+
+    /// The candidate at `offset` was taken: the next group compares with
+    /// the one after it.
+    @usableFromInline func took(_ offset: Int) { cursor += offset + 1 }
+}
+
 /// The pure reconcile state machine: the active table and the decisions that
 /// move it to a desired set. It performs no driver call itself.
 public final class Reconciler<Message> {
@@ -265,6 +326,22 @@ public final class Reconciler<Message> {
     /// can release the plan (see `ReconcileEngine.reconcile`).
     func reconcileDeferringBoxRetains(_ desired: Subscriptions<Message>) -> Plan {
         engine.reconcile(desired, deferringBoxRetains: true)
+    }
+
+    /// Builds the desired set with `build` and moves the active table to it,
+    /// as `reconcile(_:)` does; while `build` runs (and while groups it left
+    /// unbuilt are built), a group whose key and input equal last time's is
+    /// given the node it had, so an unchanged group costs the program one
+    /// allocation fewer. The runtime reconciles this way; use it for sets
+    /// with groups.
+    @discardableResult
+    public func reconcile(building build: () -> Subscriptions<Message>) -> Plan {
+        engine.reconcile(building: build)
+    }
+
+    /// `reconcile(building:)` for the runtime (see `reconcileDeferringBoxRetains`).
+    func reconcileDeferringBoxRetains(building build: () -> Subscriptions<Message>) -> Plan {
+        engine.reconcile(building: build, deferringBoxRetains: true)
     }
 
     /// The plan that moves a runtime whose active set is `current` to `desired`.
@@ -341,6 +418,32 @@ final class ReconcileEngine {
         self.root = root
         self.link = link
         self.current = root
+        reuse = GroupReuse(root: root)
+    }
+
+    /// Offered to `group` while a set is built (`reconcile(building:)`).
+    private let reuse: GroupReuse
+    /// Whether `reuse` is bound: nested groups built by the walk are
+    /// offered their own last children.
+    private var reusing = false
+
+    func reconcile<M>(building build: () -> Subscriptions<M>, deferringBoxRetains: Bool = false) -> Plan {
+        // Nothing to offer without groups last time (and binding a
+        // task-local outside a task allocates: not on the no-op path).
+        guard !root.children.isEmpty && !verifiesGroups else {
+            return reconcile(build(), deferringBoxRetains: deferringBoxRetains)
+        }
+        reuse.parent = .passUnretained(root)
+        reuse.cursor = 0
+        reusing = true
+        defer {
+            reusing = false
+            reuse.parent = .passUnretained(root)
+        }
+        let binding = GroupReuse.Binding(context: .passUnretained(reuse), task: GroupReuse.currentTask)
+        return GroupReuse.$current.withValue(binding) {
+            reconcile(build(), deferringBoxRetains: deferringBoxRetains)
+        }
     }
 
     /// With `deferringBoxRetains`, a start record holds its configuration
@@ -624,8 +727,20 @@ final class ReconcileEngine {
         let saved = forwards
         forwards = []
         let before = changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count
+        let built: Subscriptions<Erased>
+        if reusing {
+            // Groups nested in this one are offered its last children.
+            let (outer, at) = (reuse.parent, reuse.cursor)
+            reuse.parent = .passUnretained(memo)
+            reuse.cursor = 0
+            built = node.build()
+            reuse.parent = outer
+            reuse.cursor = at
+        } else {
+            built = node.build()
+        }
         begin(memo)
-        walk(node.build())
+        walk(built)
         finish(memo)
         current = parent
         forwards = saved

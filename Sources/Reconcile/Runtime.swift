@@ -253,7 +253,7 @@ public final class Runtime<P: Program>: DriverHost {
         // starts once nothing holds them (see `SourceTicket`).
         lastPlan = Plan()
         // The start records' boxes are retained below, as each source starts.
-        let plan = reconciler.reconcileDeferringBoxRetains(program.subscriptions(model))
+        let plan = reconciler.reconcileDeferringBoxRetains(building: { program.subscriptions(model) })
         let actions = plan.records
         reconciledModel = model
         stats.reconciles += 1

@@ -259,7 +259,8 @@ extension Subscriptions {
         _ key: Key, _ input: Input,
         @SubscriptionsBuilder<Message> _ body: @escaping (Input) -> Subscriptions<Message>
     ) -> Subscriptions<Message> {
-        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: body)))
+        if let last = TypedGroupNode<Message, Key, Input>.reusable(key, input) { return Subscriptions(part: .group(last)) }
+        return Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: body)))
     }
 
     /// A memoized part whose body is given its key and input: the same as
@@ -275,7 +276,8 @@ extension Subscriptions {
         _ key: Key, _ input: Input,
         @SubscriptionsBuilder<Message> _ body: @escaping (Key, Input) -> Subscriptions<Message>
     ) -> Subscriptions<Message> {
-        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, keyedBody: body)))
+        if let last = TypedGroupNode<Message, Key, Input>.reusable(key, input) { return Subscriptions(part: .group(last)) }
+        return Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, keyedBody: body)))
     }
 }
 
@@ -363,6 +365,29 @@ final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>:
         self.keyedBody = keyedBody
     }
 
+    /// The last reconcile's node for this key and an equal input, when the
+    /// set is built for a reconciler that offers them (`GroupReuse`): the
+    /// one in the next place among the enclosing group's last children, or
+    /// the one after it (a group removed or inserted before it).
+    @inlinable static func reusable(_ key: Key, _ input: Input) -> TypedGroupNode? {
+        guard let context = GroupReuse.active() else { return nil }
+        return context._withUnsafeGuaranteedRef { c -> TypedGroupNode? in
+            for offset in 0..<2 {
+                guard let last = c.candidate(offset) else { return nil }
+                let equal = last._withUnsafeGuaranteedRef { l -> Bool in
+                    guard ObjectIdentifier(type(of: l)) == ObjectIdentifier(TypedGroupNode.self) else { return false }
+                    let o = unsafeDowncast(l, to: TypedGroupNode.self)
+                    return o.keyValue == key && o.value == input
+                }
+                if equal {
+                    c.took(offset)
+                    return unsafeDowncast(last.takeUnretainedValue(), to: TypedGroupNode.self)
+                }
+            }
+            return nil
+        }
+    }
+
     override var key: GroupKey {
         var h = Hasher()
         h.combine(ObjectIdentifier(Key.self))
@@ -387,6 +412,7 @@ final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>:
     }
 
     override func match(_ last: GroupIdentity) -> Int {
+        if last === self { return 2 }    // the node was reused (`reusable`)
         if ObjectIdentifier(type(of: last)) == ObjectIdentifier(TypedGroupNode.self) {
             let o = unsafeDowncast(last, to: TypedGroupNode.self)
             guard o.keyValue == keyValue else { return 0 }

@@ -56,7 +56,8 @@ public struct ProgramTester<P: Program> {
         allCommands = commands
         // As the runtime: the start commands are performed, then the first reconcile.
         for c in commands { interpreter?(c, effects) }
-        lastPlan = reconciler.reconcile(program.subscriptions(model))
+        let first = model
+        lastPlan = reconciler.reconcile(building: { program.subscriptions(first) })
     }
 
     /// A tester starting from `model` (no start commands).
@@ -80,7 +81,7 @@ public struct ProgramTester<P: Program> {
         self.interpreter = interpreter
         commands = []
         allCommands = []
-        lastPlan = reconciler.reconcile(program.subscriptions(model))
+        lastPlan = reconciler.reconcile(building: { program.subscriptions(model) })
     }
 
     /// The subscriptions the current model wants.
@@ -101,7 +102,7 @@ public struct ProgramTester<P: Program> {
         // As the runtime: each command is performed right after its update.
         if let interpreter { for c in commands { interpreter(c, effects) } }
         // As `Runtime.lastPlan`: an unchanged `Equatable` model is not reconciled.
-        lastPlan = program.isUnchanged(before, model) ? Plan() : reconciler.reconcile(program.subscriptions(model))
+        lastPlan = program.isUnchanged(before, model) ? Plan() : reconciler.reconcile(building: { program.subscriptions(model) })
         return commands
     }
 

@@ -56,9 +56,11 @@ func grouped(_ list: [Spec], cuts: [Int], nestEvery: Int, counter: BuildCounter)
     /// Groups change cost, never the plan: over random edits and random
     /// regroupings (subscriptions moving between groups, groups appearing
     /// and vanishing, nesting), every plan equals the reference model's on
-    /// the flattened list.
-    @Test(arguments: Array(1...10) as [UInt64])
-    func groupedSetsPlanLikeTheFlatReference(seed: UInt64) {
+    /// the flattened list. With `building`, each set is built inside
+    /// `reconcile(building:)`, as the runtime does (unchanged groups reuse
+    /// their last nodes).
+    @Test(arguments: Array(1...10) as [UInt64], [false, true])
+    func groupedSetsPlanLikeTheFlatReference(seed: UInt64, building: Bool) {
         var rng = SplitMix64(seed: seed)
         let reconciler = Reconciler<Int>()
         var reference = ReferenceReconciler()
@@ -70,8 +72,8 @@ func grouped(_ list: [Spec], cuts: [Int], nestEvery: Int, counter: BuildCounter)
             if Int.random(in: 0..<4, using: &rng) == 0 {
                 cuts = (0..<Int.random(in: 0...6, using: &rng)).map { _ in Int.random(in: 0...max(1, list.count), using: &rng) }
             }
-            let set = grouped(list, cuts: cuts, nestEvery: Int(seed % 3), counter: counter)
-            let plan = reconciler.reconcile(set)
+            let build = { grouped(list, cuts: cuts, nestEvery: Int(seed % 3), counter: counter) }
+            let plan = building ? reconciler.reconcile(building: build) : reconciler.reconcile(build())
             let expected = reference.reconcile(list)
             #expect(plan == expected, "seed \(seed) step \(step)")
             if plan != expected { return }
@@ -294,9 +296,9 @@ func grouped(_ list: [Spec], cuts: [Int], nestEvery: Int, counter: BuildCounter)
     /// duplicated (the same key twice), flat or under an outer group: the
     /// skipped ones count as kept wherever they moved, and every plan is
     /// the flat reference's. At least a quarter of the groups are skipped
-    /// (positional or not).
-    @Test(arguments: Array(1...6) as [UInt64])
-    func movedGroupsAreSkippedAndPlanLikeTheFlatReference(seed: UInt64) {
+    /// (positional or not). With `building`, as above.
+    @Test(arguments: Array(1...6) as [UInt64], [false, true])
+    func movedGroupsAreSkippedAndPlanLikeTheFlatReference(seed: UInt64, building: Bool) {
         var rng = SplitMix64(seed: seed)
         let reconciler = Reconciler<Int>()
         var reference = ReferenceReconciler()
@@ -321,17 +323,19 @@ func grouped(_ list: [Spec], cuts: [Int], nestEvery: Int, counter: BuildCounter)
             }
             let nested = step % 50 >= 25
             let current = order, vs = versions
-            let inner = Subscriptions<Int> {
-                for k in current {
-                    Subscriptions.group(k, vs[k]) { k, v in
-                        let _ = counter.builds += 1
-                        specs(k, v).map { $0.subscription() }
+            func inner() -> Subscriptions<Int> {
+                Subscriptions<Int> {
+                    for k in current {
+                        Subscriptions.group(k, vs[k]) { k, v in
+                            let _ = counter.builds += 1
+                            specs(k, v).map { $0.subscription() }
+                        }
                     }
                 }
             }
-            let set = nested ? Subscriptions.group("outer", step) { _ in inner } : inner
+            let build = { nested ? Subscriptions.group("outer", step) { _ in inner() } : inner() }
             walks += current.count
-            let plan = reconciler.reconcile(set)
+            let plan = building ? reconciler.reconcile(building: build) : reconciler.reconcile(build())
             let expected = reference.reconcile(current.flatMap { specs($0, vs[$0]) })
             #expect(plan == expected, "seed \(seed) step \(step)")
             if plan != expected { return }
