@@ -1,3 +1,5 @@
+import Synchronization
+
 /// Where a runtime's messages go, seen from the entries (which are not
 /// generic over the message type): one link per reconciler, shared by all
 /// its entries.
@@ -163,6 +165,8 @@ final class GroupMemo {
     var newChildOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
     var childBuilding = false
     var childCursor = 0
+    /// This group's position in its parent's child order (`GroupReuse`).
+    var childIndex = 0
     /// Entries claimed by this group and its nested groups.
     var subtreeCount = 0
     /// Duplicates seen in this group's last build (nested groups included):
@@ -229,28 +233,67 @@ final class GroupMemo {
 /// Reusing a node is what skipping already assumes: a group's
 /// subscriptions depend on its key and input alone. With `verifiesGroups`
 /// nothing is reused (the check needs the new body).
-@usableFromInline final class GroupReuse {
-    // Read and written only on the thread reconciling, within
-    // `Reconciler.reconcile(building:)` (`active()` refuses every other
-    // task before anything here is read).
+///
+/// How a group finds its place: it is compared with the next of the
+/// enclosing group's last children and the one after it (a group removed
+/// before it); a child with its key is its place (with an equal input, its
+/// node is reused) and the next group compares from there. When neither
+/// has its key, the group's key is looked up among all the last children
+/// (hashed, as the walk does off its positional path), and the comparison
+/// goes on from where it was found.
+@usableFromInline final class GroupReuse: @unchecked Sendable {
+    // Read and written only on the thread reconciling, while bound
+    // (`active()` refuses everyone else before reading anything but `live`,
+    // an atomic); between reconcilers a context passes through the pool's
+    // lock.
     /// The group whose last children are compared (the root for the top
     /// level; the reconciler holds it), and the next of them to compare.
     @exclusivity(unchecked) var parent: Unmanaged<GroupMemo>
     @exclusivity(unchecked) var cursor = 0
+    /// The last group compared found no place in its two candidates.
+    @exclusivity(unchecked) var lost = false
+    /// The generation of the binding in force (0: none). Contexts are
+    /// never freed (a reconciler gives its context back to a pool), so a
+    /// copy of a binding that outlived its reconcile (a task made inside
+    /// `subscriptions(model)` inherits it) can always read this, and finds
+    /// another generation there.
+    let live = Atomic<UInt64>(0)
 
-    init(root: GroupMemo) { parent = .passUnretained(root) }
+    private init(root: GroupMemo) { parent = .passUnretained(root) }
 
-    /// What is bound while a set is built: the context, unretained, and
-    /// the task that bound it (nil: none). Plain values, so reading the
+    /// What is bound while a set is built: plain values, so that reading the
     /// task-local copies no reference. A task made while the set is built
-    /// inherits the binding; it is refused by its task (it may run after
-    /// the reconcile, on another thread), before the context is touched.
+    /// inherits the binding and is refused: by its task, which is not the
+    /// binding one, and, should it run at the address of that task once the
+    /// task is gone, by the generation, which is no longer live.
     struct Binding: Sendable {
-        nonisolated(unsafe) let context: Unmanaged<GroupReuse>
+        let context: Unmanaged<GroupReuse>
+        let generation: UInt64
         nonisolated(unsafe) let task: UnsafeRawPointer?
     }
 
     @TaskLocal static var current: Binding?
+
+    private static let pool = Mutex<[GroupReuse]>([])
+    private static let generations = Atomic<UInt64>(0)
+
+    /// A context for a reconciler whose root is `root` (from the pool).
+    static func take(root: GroupMemo) -> GroupReuse {
+        if let c = pool.withLock({ $0.popLast() }) {
+            c.parent = .passUnretained(root)
+            return c
+        }
+        return GroupReuse(root: root)
+    }
+
+    /// Gives a reconciler's context back (never freed: see `live`).
+    static func give(_ c: GroupReuse) {
+        c.live.store(0, ordering: .releasing)
+        pool.withLock { $0.append(c) }
+    }
+
+    /// A generation no binding has had.
+    static func nextGeneration() -> UInt64 { generations.wrappingAdd(1, ordering: .relaxed).newValue }
 
     /// The running task, as an address (nil: none).
     static var currentTask: UnsafeRawPointer? {
@@ -259,12 +302,17 @@ final class GroupMemo {
 
     /// The context bound to this task, if any.
     @usableFromInline static func active() -> Unmanaged<GroupReuse>? {
-        guard let b = current, b.task == currentTask else { return nil }
+        guard let b = current, accepts(b) else { return nil }
         return b.context
     }
 
+    /// Whether `b` is the binding in force, in the task that made it.
+    static func accepts(_ b: Binding) -> Bool {
+        b.task == currentTask && b.context._withUnsafeGuaranteedRef { $0.live.load(ordering: .acquiring) } == b.generation
+    }
+
     /// The node last built at `offset` past the cursor, unretained (the
-    /// parent's memo holds it), or nil.
+    /// parent's memo holds it), or nil past the last one.
     @usableFromInline func candidate(_ offset: Int) -> Unmanaged<GroupIdentity>? {
         let i = cursor + offset
         return parent._withUnsafeGuaranteedRef { p in
@@ -273,9 +321,30 @@ final class GroupMemo {
         }
     }
 
-    /// The candidate at `offset` was taken: the next group compares with
-    /// the one after it.
-    @usableFromInline func took(_ offset: Int) { cursor += offset + 1 }
+    /// The candidate at `offset` has the group's key: the next group
+    /// compares with the one after it. Returns whether its node may serve
+    /// (not when its subtree had duplicates: such a group is always built
+    /// anew, as without reuse).
+    @usableFromInline func took(_ offset: Int) -> Bool {
+        let i = cursor + offset
+        cursor = i + 1
+        return parent._withUnsafeGuaranteedRef { p in p.childOrder[i]._withUnsafeGuaranteedRef { $0.subtreeDuplicates == 0 } }
+    }
+
+    /// Neither candidate had the group's key (`relocated()` looks it up).
+    @usableFromInline func missed() { lost = true }
+
+    /// The last children's group with `key` (first occurrence), if any;
+    /// the comparison goes on after it.
+    func relocate(_ key: GroupKey) -> GroupMemo? {
+        parent._withUnsafeGuaranteedRef { p -> GroupMemo? in
+            guard let m = p.children[key] else { return nil }
+            let i = m.childIndex
+            guard i < p.childOrder.count, p.childOrder[i].toOpaque() == Unmanaged.passUnretained(m).toOpaque() else { return nil }
+            cursor = i + 1
+            return m
+        }
+    }
 }
 
 /// The pure reconcile state machine: the active table and the decisions that
@@ -418,8 +487,10 @@ final class ReconcileEngine {
         self.root = root
         self.link = link
         self.current = root
-        reuse = GroupReuse(root: root)
+        reuse = GroupReuse.take(root: root)
     }
+
+    deinit { GroupReuse.give(reuse) }
 
     /// Offered to `group` while a set is built (`reconcile(building:)`).
     private let reuse: GroupReuse
@@ -431,16 +502,30 @@ final class ReconcileEngine {
         // Nothing to offer without groups last time (and binding a
         // task-local outside a task allocates: not on the no-op path).
         guard !root.children.isEmpty && !verifiesGroups else {
-            return reconcile(build(), deferringBoxRetains: deferringBoxRetains)
+            // A reconciler building inside another's build: that one's
+            // binding must not offer its nodes here.
+            if GroupReuse.current == nil { return reconcile(build(), deferringBoxRetains: deferringBoxRetains) }
+            return GroupReuse.$current.withValue(nil) { reconcile(build(), deferringBoxRetains: deferringBoxRetains) }
         }
+        // Saved and restored, not reset: this may run inside a build of
+        // this reconciler's own (a program's `subscriptions` reconciling
+        // another way), whose binding then stays in force.
+        let saved = (parent: reuse.parent, cursor: reuse.cursor, lost: reuse.lost, reusing: reusing,
+                     live: reuse.live.load(ordering: .relaxed))
+        let generation = GroupReuse.nextGeneration()
         reuse.parent = .passUnretained(root)
         reuse.cursor = 0
+        reuse.lost = false
         reusing = true
+        reuse.live.store(generation, ordering: .relaxed)
         defer {
-            reusing = false
-            reuse.parent = .passUnretained(root)
+            reuse.live.store(saved.live, ordering: .releasing)
+            reuse.parent = saved.parent
+            reuse.cursor = saved.cursor
+            reuse.lost = saved.lost
+            reusing = saved.reusing
         }
-        let binding = GroupReuse.Binding(context: .passUnretained(reuse), task: GroupReuse.currentTask)
+        let binding = GroupReuse.Binding(context: .passUnretained(reuse), generation: generation, task: GroupReuse.currentTask)
         return GroupReuse.$current.withValue(binding) {
             reconcile(build(), deferringBoxRetains: deferringBoxRetains)
         }
@@ -730,12 +815,14 @@ final class ReconcileEngine {
         let built: Subscriptions<Erased>
         if reusing {
             // Groups nested in this one are offered its last children.
-            let (outer, at) = (reuse.parent, reuse.cursor)
+            let (outer, at, lost) = (reuse.parent, reuse.cursor, reuse.lost)
             reuse.parent = .passUnretained(memo)
             reuse.cursor = 0
+            reuse.lost = false
             built = node.build()
             reuse.parent = outer
             reuse.cursor = at
+            reuse.lost = lost
         } else {
             built = node.build()
         }
@@ -839,6 +926,7 @@ final class ReconcileEngine {
             swap(&memo.childOrder, &memo.newChildOrder)
             memo.newChildOrder.removeAll(keepingCapacity: true)
             memo.childBuilding = false
+            for i in memo.childOrder.indices { memo.childOrder[i]._withUnsafeGuaranteedRef { $0.childIndex = i } }
         } else if memo.visited < memo.childOrder.count {
             // The same order, only shorter: the groups after the last one
             // walked went (`placeChild` starts building on any other change).

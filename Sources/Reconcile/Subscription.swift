@@ -260,7 +260,7 @@ extension Subscriptions {
         @SubscriptionsBuilder<Message> _ body: @escaping (Input) -> Subscriptions<Message>
     ) -> Subscriptions<Message> {
         if let last = TypedGroupNode<Message, Key, Input>.reusable(key, input) { return Subscriptions(part: .group(last)) }
-        return Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: body)))
+        return Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: body).relocated()))
     }
 
     /// A memoized part whose body is given its key and input: the same as
@@ -277,7 +277,7 @@ extension Subscriptions {
         @SubscriptionsBuilder<Message> _ body: @escaping (Key, Input) -> Subscriptions<Message>
     ) -> Subscriptions<Message> {
         if let last = TypedGroupNode<Message, Key, Input>.reusable(key, input) { return Subscriptions(part: .group(last)) }
-        return Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, keyedBody: body)))
+        return Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, keyedBody: body).relocated()))
     }
 }
 
@@ -339,6 +339,22 @@ struct GroupKey: Hashable {
     func match(_ last: GroupIdentity) -> Int { fatalError("GroupNode.match: abstract") }
     /// The group's subscriptions, built now.
     func build() -> Subscriptions<Message> { fatalError("GroupNode.build: abstract") }
+
+    /// This new node, or, when `reusable` found no place for it among the
+    /// two it compared, the last reconcile's node with its key (looked up)
+    /// if its input is equal; either way the comparison of the next group
+    /// goes on after the one with this key.
+    @usableFromInline func relocated() -> GroupNode<Message> {
+        guard let context = GroupReuse.active() else { return self }
+        return context._withUnsafeGuaranteedRef { c -> GroupNode<Message> in
+            guard c.lost else { return self }
+            c.lost = false
+            guard let m = c.relocate(key), m.subtreeDuplicates == 0, let last = m.node,
+                  ObjectIdentifier(type(of: last)) == ObjectIdentifier(type(of: self)), match(last) == 2
+            else { return self }
+            return unsafeDowncast(last, to: GroupNode<Message>.self)
+        }
+    }
 }
 
 @usableFromInline
@@ -368,22 +384,27 @@ final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>:
     /// The last reconcile's node for this key and an equal input, when the
     /// set is built for a reconciler that offers them (`GroupReuse`): the
     /// one in the next place among the enclosing group's last children, or
-    /// the one after it (a group removed or inserted before it).
+    /// the one after it (a group removed before it). When neither has this
+    /// key, nil, and the context is marked lost (`relocated()` looks the
+    /// key up).
     @inlinable static func reusable(_ key: Key, _ input: Input) -> TypedGroupNode? {
         guard let context = GroupReuse.active() else { return nil }
         return context._withUnsafeGuaranteedRef { c -> TypedGroupNode? in
             for offset in 0..<2 {
-                guard let last = c.candidate(offset) else { return nil }
-                let equal = last._withUnsafeGuaranteedRef { l -> Bool in
-                    guard ObjectIdentifier(type(of: l)) == ObjectIdentifier(TypedGroupNode.self) else { return false }
+                guard let last = c.candidate(offset) else { break }
+                // 0 another group, 1 this key, 2 this key and an equal input.
+                let match = last._withUnsafeGuaranteedRef { l -> Int in
+                    guard ObjectIdentifier(type(of: l)) == ObjectIdentifier(TypedGroupNode.self) else { return 0 }
                     let o = unsafeDowncast(l, to: TypedGroupNode.self)
-                    return o.keyValue == key && o.value == input
+                    guard o.keyValue == key else { return 0 }
+                    return o.value == input ? 2 : 1
                 }
-                if equal {
-                    c.took(offset)
-                    return unsafeDowncast(last.takeUnretainedValue(), to: TypedGroupNode.self)
-                }
+                guard match != 0 else { continue }
+                // Its place: the next group compares from here on.
+                guard c.took(offset), match == 2 else { return nil }
+                return unsafeDowncast(last.takeUnretainedValue(), to: TypedGroupNode.self)
             }
+            c.missed()
             return nil
         }
     }

@@ -140,21 +140,105 @@ private struct ThreeGroups: Program {
         #expect(Set(first).isDisjoint(with: groupNodes(built)))
     }
 
-    /// A task made while the set is built inherits the binding; it is not
-    /// offered anything (it could run on another thread, after the reconcile).
+    /// A task made while the set is built inherits the binding; it is
+    /// refused (it could run on another thread, after the reconcile). And a
+    /// binding kept past its reconcile is refused in the very task that made
+    /// it (what a task running at a finished task's address would see).
     @Test func aTaskMadeWhileBuildingIsOfferedNothing() async {
         let r = Reconciler<Int>()
         var built = Subscriptions<Int>.none
         r.reconcile(building: { built = timerGroups([1], [:]); return built })
         let last = groupNodes(built)
-        var task: Task<ObjectIdentifier?, Never>?
+        var task: Task<(inherited: Bool, offered: Bool, node: ObjectIdentifier?), Never>?
+        var kept: GroupReuse.Binding?
         r.reconcile(building: {
-            task = Task { groupNodes(timerGroups([1], [:])).first }
+            kept = GroupReuse.current
+            #expect(GroupReuse.active() != nil)
+            task = Task { (GroupReuse.current != nil, GroupReuse.active() != nil, groupNodes(timerGroups([1], [:])).first) }
             built = timerGroups([1], [:])
             return built
         })
         #expect(groupNodes(built) == last)          // the reconcile's own build reuses
-        let fromTask = await task?.value
-        #expect(fromTask != nil && fromTask != last.first)
+        let seen = await task?.value
+        #expect(seen?.inherited == true)
+        #expect(seen?.offered == false)
+        #expect(seen?.node != nil && seen?.node != last.first)
+        #expect(kept.map(GroupReuse.accepts) == false)
+    }
+
+    /// Changed inputs keep their places: the groups after two changed ones,
+    /// after a removal and a change, and after two removals are their last
+    /// nodes (the last by a lookup of the key).
+    @Test func groupsAfterChangesAndRemovalsFindTheirPlaces() {
+        let r = Reconciler<Int>()
+        var keys = Array(0..<8)
+        var inputs: [Int: Int] = [:]
+        var built = Subscriptions<Int>.none
+        func reconcile() -> Plan { r.reconcile(building: { built = timerGroups(keys, inputs); return built }) }
+        func nodes() -> [Int: ObjectIdentifier] { Dictionary(uniqueKeysWithValues: zip(keys, groupNodes(built))) }
+        _ = reconcile()
+        var last = nodes()
+        func reused() -> [Int] { let now = nodes(); return keys.filter { now[$0] == last[$0] } }
+
+        inputs[1] = 1; inputs[2] = 1                   // two changed, side by side
+        #expect(reconcile().steps.map(\.outcome) == ["retune", "retune"])
+        #expect(reused() == [0, 3, 4, 5, 6, 7])
+        last = nodes()
+
+        keys.remove(at: 1); inputs[2] = 2              // one removed, the next changed
+        #expect(reconcile().steps.count == 2)
+        #expect(reused() == [0, 3, 4, 5, 6, 7])
+        last = nodes()
+
+        keys.removeSubrange(1...2)                     // two removed
+        #expect(reconcile().steps.map(\.outcome) == ["stop", "stop"])
+        #expect(reused() == [0, 4, 5, 6, 7])
+    }
+
+    /// A group whose subtree had duplicates is always built anew, as
+    /// without reuse; the groups after it still find their places.
+    @Test func aGroupWithDuplicatesIsNotReused() {
+        let r = Reconciler<Int>()
+        var built = Subscriptions<Int>.none
+        func set() -> Subscriptions<Int> {
+            Subscriptions {
+                Subscriptions.group("dup", 0) { _ in
+                    Subscription<Int>.every(.seconds(1), key: "d") { _ in 0 }
+                    Subscription<Int>.every(.seconds(1), key: "d") { _ in 1 }
+                }
+                Subscriptions.group("plain", 0) { _ in Subscription<Int>.every(.seconds(1), key: "p") { _ in 2 } }
+            }
+        }
+        #expect(r.reconcile(building: { built = set(); return built }).duplicates.count == 1)
+        let first = groupNodes(built)
+        #expect(r.reconcile(building: { built = set(); return built }).duplicates.count == 1)
+        let second = groupNodes(built)
+        #expect(second[0] != first[0] && second[1] == first[1])
+    }
+
+    /// A reconciler building inside another's build is offered only its
+    /// own last nodes: none on its first reconcile, then its own.
+    @Test func aReconcilerInsideAnothersBuildIsOfferedOnlyItsOwn() {
+        let outer = Reconciler<Int>(), inner = Reconciler<Int>()
+        var outerSet = Subscriptions<Int>.none, innerSet = Subscriptions<Int>.none
+        var innerNodes: [[ObjectIdentifier]] = []
+        func reconcile(withInner: Bool) {
+            outer.reconcile(building: {
+                outerSet = timerGroups([1, 2], [:])
+                if withInner {
+                    inner.reconcile(building: { innerSet = timerGroups([1, 2], [:]); return innerSet })
+                    innerNodes.append(groupNodes(innerSet))
+                }
+                return outerSet
+            })
+        }
+        reconcile(withInner: false)
+        let outerFirst = groupNodes(outerSet)
+        reconcile(withInner: true)                  // the inner one's first reconcile, inside the outer's binding
+        #expect(groupNodes(outerSet) == outerFirst)
+        #expect(Set(innerNodes[0]).isDisjoint(with: outerFirst))
+        reconcile(withInner: true)                  // its second: its own nodes
+        #expect(groupNodes(outerSet) == outerFirst)
+        #expect(innerNodes[1] == innerNodes[0])
     }
 }
