@@ -165,8 +165,6 @@ final class GroupMemo {
     var newChildOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
     var childBuilding = false
     var childCursor = 0
-    /// This group's position in its parent's child order (`GroupReuse`).
-    var childIndex = 0
     /// Entries claimed by this group and its nested groups.
     var subtreeCount = 0
     /// Duplicates seen in this group's last build (nested groups included):
@@ -186,6 +184,9 @@ final class GroupMemo {
     @exclusivity(unchecked) var divergence = 0
     @exclusivity(unchecked) var newOrder: ContiguousArray<Unmanaged<ActiveSource>> = []
     var visited = 0
+    /// This group's position in its parent's child order (`GroupReuse`;
+    /// last, so the walk's fields keep their places in the object).
+    var childIndex = 0
 
     init(key: GroupKey?, parent: GroupMemo) {
         self.key = key
