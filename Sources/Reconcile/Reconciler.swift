@@ -793,6 +793,12 @@ final class ReconcileEngine {
             }
             if let m = found {
                 match = m.node.map { node.match($0) } ?? 1
+                // The groups after it are compared from its place on (as
+                // the entries' cursor does), not from the one it moved from.
+                let i = m.childIndex
+                if i < parent.childOrder.count && parent.childOrder[i].toOpaque() == Unmanaged.passUnretained(m).toOpaque() {
+                    parent.childCursor = i + 1
+                }
             } else {
                 let m = GroupMemo(key: key, parent: parent)
                 parent.children[key] = m
