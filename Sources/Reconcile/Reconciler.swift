@@ -198,6 +198,14 @@ final class GroupMemo {
     /// Which occurrence of its key among its siblings this group is.
     let occurrence: Int
 
+    /// Where `child` stood in this group's last child order, if it is
+    /// there (its `childIndex`, checked).
+    func lastPosition(of child: GroupMemo) -> Int? {
+        let i = child.childIndex
+        guard i < childOrder.count, childOrder[i].toOpaque() == Unmanaged.passUnretained(child).toOpaque() else { return nil }
+        return i
+    }
+
     func setNode(_ node: GroupIdentity) {
         self.node = node
         nodeRef = .passUnretained(node)
@@ -251,8 +259,6 @@ final class GroupMemo {
     /// level; the reconciler holds it), and the next of them to compare.
     @exclusivity(unchecked) var parent: Unmanaged<GroupMemo>
     @exclusivity(unchecked) var cursor = 0
-    /// The last group compared found no place in its two candidates.
-    @exclusivity(unchecked) var lost = false
     /// The generation of the binding in force (0: none). Contexts are
     /// never freed (a reconciler gives its context back to a pool), so a
     /// copy of a binding that outlived its reconcile (a task made inside
@@ -313,38 +319,42 @@ final class GroupMemo {
     }
 
     /// The node last built at `offset` past the cursor, unretained (the
-    /// parent's memo holds it), or nil past the last one.
-    @usableFromInline func candidate(_ offset: Int) -> Unmanaged<GroupIdentity>? {
+    /// parent's memo holds it), and whether it may serve again (not when
+    /// its subtree had duplicates: such a group is always built anew, as
+    /// without reuse); nil past the last one.
+    @usableFromInline func candidate(_ offset: Int) -> (node: Unmanaged<GroupIdentity>, reusable: Bool)? {
         let i = cursor + offset
         return parent._withUnsafeGuaranteedRef { p in
             guard i < p.childOrder.count else { return nil }
-            return p.childOrder[i]._withUnsafeGuaranteedRef { $0.nodeRef }
+            return p.childOrder[i]._withUnsafeGuaranteedRef { m in m.nodeRef.map { ($0, m.subtreeDuplicates == 0) } }
         }
     }
 
     /// The candidate at `offset` has the group's key: the next group
-    /// compares with the one after it. Returns whether its node may serve
-    /// (not when its subtree had duplicates: such a group is always built
-    /// anew, as without reuse).
-    @usableFromInline func took(_ offset: Int) -> Bool {
-        let i = cursor + offset
-        cursor = i + 1
-        return parent._withUnsafeGuaranteedRef { p in p.childOrder[i]._withUnsafeGuaranteedRef { $0.subtreeDuplicates == 0 } }
-    }
-
-    /// Neither candidate had the group's key (`relocated()` looks it up).
-    @usableFromInline func missed() { lost = true }
+    /// compares with the one after it.
+    @usableFromInline func took(_ offset: Int) { cursor += offset + 1 }
 
     /// The last children's group with `key` (first occurrence), if any;
     /// the comparison goes on after it.
     func relocate(_ key: GroupKey) -> GroupMemo? {
         parent._withUnsafeGuaranteedRef { p -> GroupMemo? in
-            guard let m = p.children[key] else { return nil }
-            let i = m.childIndex
-            guard i < p.childOrder.count, p.childOrder[i].toOpaque() == Unmanaged.passUnretained(m).toOpaque() else { return nil }
+            guard let m = p.children[key], let i = p.lastPosition(of: m) else { return nil }
             cursor = i + 1
             return m
         }
+    }
+
+    /// Runs `body` with the comparison among `memo`'s last children from
+    /// the first, then goes back to where it was.
+    func comparing<R>(childrenOf memo: GroupMemo, _ body: () -> R) -> R {
+        let (outer, at) = (parent, cursor)
+        parent = .passUnretained(memo)
+        cursor = 0
+        defer {
+            parent = outer
+            cursor = at
+        }
+        return body()
     }
 }
 
@@ -497,7 +507,7 @@ final class ReconcileEngine {
     private let reuse: GroupReuse
     /// Whether `reuse` is bound: nested groups built by the walk are
     /// offered their own last children.
-    private var reusing = false
+    private var reusing: Bool { reuse.live.load(ordering: .relaxed) != 0 }
 
     func reconcile<M>(building build: () -> Subscriptions<M>, deferringBoxRetains: Bool = false) -> Plan {
         // Nothing to offer without groups last time (and binding a
@@ -508,27 +518,16 @@ final class ReconcileEngine {
             if GroupReuse.current == nil { return reconcile(build(), deferringBoxRetains: deferringBoxRetains) }
             return GroupReuse.$current.withValue(nil) { reconcile(build(), deferringBoxRetains: deferringBoxRetains) }
         }
-        // Saved and restored, not reset: this may run inside a build of
-        // this reconciler's own (a program's `subscriptions` reconciling
-        // another way), whose binding then stays in force.
-        let saved = (parent: reuse.parent, cursor: reuse.cursor, lost: reuse.lost, reusing: reusing,
-                     live: reuse.live.load(ordering: .relaxed))
+        // Restored, not reset: this may run inside a build of this
+        // reconciler's own (a program's `subscriptions` reconciling another
+        // way), whose binding then stays in force.
+        let outer = reuse.live.load(ordering: .relaxed)
         let generation = GroupReuse.nextGeneration()
-        reuse.parent = .passUnretained(root)
-        reuse.cursor = 0
-        reuse.lost = false
-        reusing = true
         reuse.live.store(generation, ordering: .relaxed)
-        defer {
-            reuse.live.store(saved.live, ordering: .releasing)
-            reuse.parent = saved.parent
-            reuse.cursor = saved.cursor
-            reuse.lost = saved.lost
-            reusing = saved.reusing
-        }
+        defer { reuse.live.store(outer, ordering: .releasing) }
         let binding = GroupReuse.Binding(context: .passUnretained(reuse), generation: generation, task: GroupReuse.currentTask)
-        return GroupReuse.$current.withValue(binding) {
-            reconcile(build(), deferringBoxRetains: deferringBoxRetains)
+        return reuse.comparing(childrenOf: root) {
+            GroupReuse.$current.withValue(binding) { reconcile(build(), deferringBoxRetains: deferringBoxRetains) }
         }
     }
 
@@ -795,10 +794,7 @@ final class ReconcileEngine {
                 match = m.node.map { node.match($0) } ?? 1
                 // The groups after it are compared from its place on (as
                 // the entries' cursor does), not from the one it moved from.
-                let i = m.childIndex
-                if i < parent.childOrder.count && parent.childOrder[i].toOpaque() == Unmanaged.passUnretained(m).toOpaque() {
-                    parent.childCursor = i + 1
-                }
+                if let i = parent.lastPosition(of: m) { parent.childCursor = i + 1 }
             } else {
                 let m = GroupMemo(key: key, parent: parent)
                 parent.children[key] = m
@@ -819,20 +815,8 @@ final class ReconcileEngine {
         let saved = forwards
         forwards = []
         let before = changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count
-        let built: Subscriptions<Erased>
-        if reusing {
-            // Groups nested in this one are offered its last children.
-            let (outer, at, lost) = (reuse.parent, reuse.cursor, reuse.lost)
-            reuse.parent = .passUnretained(memo)
-            reuse.cursor = 0
-            reuse.lost = false
-            built = node.build()
-            reuse.parent = outer
-            reuse.cursor = at
-            reuse.lost = lost
-        } else {
-            built = node.build()
-        }
+        // While reusing, groups nested in this one are offered its last children.
+        let built = reusing ? reuse.comparing(childrenOf: memo) { node.build() } : node.build()
         begin(memo)
         walk(built)
         finish(memo)

@@ -259,8 +259,7 @@ extension Subscriptions {
         _ key: Key, _ input: Input,
         @SubscriptionsBuilder<Message> _ body: @escaping (Input) -> Subscriptions<Message>
     ) -> Subscriptions<Message> {
-        if let last = TypedGroupNode<Message, Key, Input>.reusable(key, input) { return Subscriptions(part: .group(last)) }
-        return Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, body: body).relocated()))
+        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>.node(key, input) { .init(key: key, input: input, body: body) }))
     }
 
     /// A memoized part whose body is given its key and input: the same as
@@ -276,8 +275,7 @@ extension Subscriptions {
         _ key: Key, _ input: Input,
         @SubscriptionsBuilder<Message> _ body: @escaping (Key, Input) -> Subscriptions<Message>
     ) -> Subscriptions<Message> {
-        if let last = TypedGroupNode<Message, Key, Input>.reusable(key, input) { return Subscriptions(part: .group(last)) }
-        return Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>(key: key, input: input, keyedBody: body).relocated()))
+        Subscriptions(part: .group(TypedGroupNode<Message, Key, Input>.node(key, input) { .init(key: key, input: input, keyedBody: body) }))
     }
 }
 
@@ -340,15 +338,12 @@ struct GroupKey: Hashable {
     /// The group's subscriptions, built now.
     func build() -> Subscriptions<Message> { fatalError("GroupNode.build: abstract") }
 
-    /// This new node, or, when `reusable` found no place for it among the
-    /// two it compared, the last reconcile's node with its key (looked up)
-    /// if its input is equal; either way the comparison of the next group
-    /// goes on after the one with this key.
-    @usableFromInline func relocated() -> GroupNode<Message> {
-        guard let context = GroupReuse.active() else { return self }
-        return context._withUnsafeGuaranteedRef { c -> GroupNode<Message> in
-            guard c.lost else { return self }
-            c.lost = false
+    /// For a group `lookUp` found no place for among the two it compared:
+    /// the last reconcile's node with this key (looked up) if its input is
+    /// equal, else this new node; either way the comparison of the next
+    /// group goes on after the one with this key.
+    @usableFromInline func relocated(in context: Unmanaged<GroupReuse>) -> GroupNode<Message> {
+        context._withUnsafeGuaranteedRef { c -> GroupNode<Message> in
             guard let m = c.relocate(key), m.subtreeDuplicates == 0, let last = m.node,
                   ObjectIdentifier(type(of: last)) == ObjectIdentifier(type(of: self)), match(last) == 2
             else { return self }
@@ -381,19 +376,40 @@ final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>:
         self.keyedBody = keyedBody
     }
 
+    /// The node for a group: the last reconcile's when `lookUp` or
+    /// `relocated(in:)` finds one for this key and an equal input, else
+    /// one `make` makes.
+    @inlinable static func node(_ key: Key, _ input: Input, _ make: () -> TypedGroupNode) -> GroupNode<Message> {
+        switch lookUp(key, input) {
+        case .reused(let last): return last
+        case .new: return make()
+        case .lost(let context): return make().relocated(in: context)
+        }
+    }
+
+    /// What `lookUp` found for a group while a set is built.
+    @usableFromInline enum Found {
+        /// The last reconcile's node, for this key and an equal input.
+        case reused(TypedGroupNode)
+        /// Nothing to reuse: no context bound, or the group's place was
+        /// found with another input or with duplicates.
+        case new
+        /// The group's key is in neither place compared: `relocated(in:)`
+        /// looks it up.
+        case lost(Unmanaged<GroupReuse>)
+    }
+
     /// The last reconcile's node for this key and an equal input, when the
     /// set is built for a reconciler that offers them (`GroupReuse`): the
     /// one in the next place among the enclosing group's last children, or
-    /// the one after it (a group removed before it). When neither has this
-    /// key, nil, and the context is marked lost (`relocated()` looks the
-    /// key up).
-    @inlinable static func reusable(_ key: Key, _ input: Input) -> TypedGroupNode? {
-        guard let context = GroupReuse.active() else { return nil }
-        return context._withUnsafeGuaranteedRef { c -> TypedGroupNode? in
+    /// the one after it (a group removed before it).
+    @inlinable static func lookUp(_ key: Key, _ input: Input) -> Found {
+        guard let context = GroupReuse.active() else { return .new }
+        return context._withUnsafeGuaranteedRef { c -> Found in
             for offset in 0..<2 {
                 guard let last = c.candidate(offset) else { break }
                 // 0 another group, 1 this key, 2 this key and an equal input.
-                let match = last._withUnsafeGuaranteedRef { l -> Int in
+                let match = last.node._withUnsafeGuaranteedRef { l -> Int in
                     guard ObjectIdentifier(type(of: l)) == ObjectIdentifier(TypedGroupNode.self) else { return 0 }
                     let o = unsafeDowncast(l, to: TypedGroupNode.self)
                     guard o.keyValue == key else { return 0 }
@@ -401,11 +417,11 @@ final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>:
                 }
                 guard match != 0 else { continue }
                 // Its place: the next group compares from here on.
-                guard c.took(offset), match == 2 else { return nil }
-                return unsafeDowncast(last.takeUnretainedValue(), to: TypedGroupNode.self)
+                c.took(offset)
+                guard match == 2 && last.reusable else { return .new }
+                return .reused(unsafeDowncast(last.node.takeUnretainedValue(), to: TypedGroupNode.self))
             }
-            c.missed()
-            return nil
+            return .lost(context)
         }
     }
 
@@ -433,7 +449,7 @@ final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>:
     }
 
     override func match(_ last: GroupIdentity) -> Int {
-        if last === self { return 2 }    // the node was reused (`reusable`)
+        if last === self { return 2 }    // the node was reused (`lookUp`)
         if ObjectIdentifier(type(of: last)) == ObjectIdentifier(TypedGroupNode.self) {
             let o = unsafeDowncast(last, to: TypedGroupNode.self)
             guard o.keyValue == keyValue else { return 0 }
