@@ -31,7 +31,7 @@ enum EffectsVariant: String, CaseIterable {
 /// One chain of `count` round trips; returns the nanoseconds it took.
 func effectsChain(_ variant: EffectsVariant, count: Int) throws -> Double {
     let loop = try EventLoop()
-    let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+    let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
     let executor = loop.taskExecutor
     let runtime = Runtime(ChainProgram(count: count), driver: driver) { command, rt in
         guard case .next(let i) = command else { return }

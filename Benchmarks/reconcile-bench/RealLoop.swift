@@ -18,7 +18,7 @@ final class LoopRig {
     init(_ sets: [Subscriptions<BenchMessage>], initial: Int = 0) throws {
         loop = try EventLoop()
         try loop.runOnce(timeout: .zero)
-        driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+        driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
         runtime = Runtime(SelectProgram(sets: SetList(sets), initial: initial), driver: driver)
         try runtime.start()
     }
@@ -289,7 +289,7 @@ func latenessBenchmark(ticks: Int, interval: Duration, into records: inout [Reco
     let probe = LatenessProbe()
     let loop = try EventLoop()
     try loop.runOnce(timeout: .zero)
-    let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+    let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
     probe.interval = usec(interval)
     probe.origin = loop.now()   // what the timer runner reads when it starts, in this same iteration
     let runtime = Runtime(TickProgram(probe: probe, interval: interval), driver: driver)

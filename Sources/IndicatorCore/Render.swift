@@ -71,7 +71,7 @@ public struct Renderer: Sendable {
         let name = s.primary?.name ?? s.backend.rawValue
         let cls = s.online ? "online" : (s.state >= .degraded ? "degraded" : "offline")
         let tooltip = ([s.online ? "online via \(name)" : "offline (\(s.state.rawValue))"]
-            + s.interfaces.map { "\($0.name): \($0.state.rawValue) \($0.addresses.joined(separator: " "))" }).joined(separator: "\n")
+            + s.interfaces.map { "\($0.name): " + ([$0.state.rawValue] + $0.addresses).joined(separator: " ") }).joined(separator: "\n")
         return "{\"text\":\(quote(s.online ? name : "offline")),\"tooltip\":\(quote(tooltip)),\"class\":\(quote(cls)),\"alt\":\(quote(s.state.rawValue))}"
     }
 }

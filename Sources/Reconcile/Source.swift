@@ -77,6 +77,7 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
         self.keyBox = TypedHashableBox(key)
         var h = Hasher()
         h.combine(ObjectIdentifier(kind))
+        h.combine(ObjectIdentifier(Key.self))   // keys of two empty types hash apart
         h.combine(key)
         cachedHash = h.finalize()
     }
@@ -85,7 +86,7 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
     public static func == (a: SubscriptionID, b: SubscriptionID) -> Bool {
         a.cachedHash == b.cachedHash && a.kind == b.kind && (a.keyBox === b.keyBox || a.keyBox.isEqual(b.keyBox))
     }
-    /// Hashes kind and key (computed once, at creation).
+    /// Hashes kind, the key's type and the key (computed once, at creation).
     public func hash(into hasher: inout Hasher) { hasher.combine(cachedHash) }
 
     /// `kind:key` (`timer:autosave`).

@@ -14,6 +14,7 @@ public struct TaskID: Hashable, @unchecked Sendable, CustomStringConvertible {
         }
         box = TypedHashableBox(key)
         var h = Hasher()
+        h.combine(ObjectIdentifier(Key.self))   // keys of two empty types hash apart
         h.combine(key)
         cachedHash = h.finalize()
     }
@@ -25,7 +26,7 @@ public struct TaskID: Hashable, @unchecked Sendable, CustomStringConvertible {
     public static func == (a: TaskID, b: TaskID) -> Bool {
         a.cachedHash == b.cachedHash && (a.box === b.box || a.box.isEqual(b.box))
     }
-    /// Hashes the key (computed once, at init).
+    /// Hashes the key's type and the key (computed once, at init).
     public func hash(into hasher: inout Hasher) { hasher.combine(cachedHash) }
     /// The key as text (`search-3`).
     public var description: String { "\(key.base)" }

@@ -44,7 +44,30 @@ func find<S: Source>(
     return found[0]
 }
 
+/// How many identities of kind `S` among `ids` have a key satisfying `match`.
+func count<S: Source>(_ kind: S.Type, in ids: some Sequence<SubscriptionID>, where match: (AnyHashable) -> Bool) -> Int {
+    ids.reduce(0) { n, id in TypedSubscriptionID<S>(id).map { match($0.key) ? n + 1 : n } ?? n }
+}
+
+func isDebounce(_ name: String) -> (AnyHashable) -> Bool {
+    { ($0.base as? DebounceKey)?.name == name }
+}
+
 extension ProgramTester {
+    /// Whether the model wants a subscription of kind `S` whose key satisfies
+    /// `match` (any key by default). Records nothing either way, so a test can
+    /// assert absence: `#expect(!t.hasSubscription(TimerSource.self))`.
+    public func hasSubscription<S: Source>(_ kind: S.Type, where match: (AnyHashable) -> Bool = { _ in true }) -> Bool {
+        count(kind, in: subscriptions.ids, where: match) > 0
+    }
+
+    /// Whether the model wants the timer of debouncer `name`
+    /// (`Subscription.debounce`), whatever its phase; records nothing, so
+    /// `#expect(!t.hasDebounce("query"))` asserts that no debounce is pending.
+    public func hasDebounce(_ name: String) -> Bool {
+        hasSubscription(TimerSource.self, where: isDebounce(name))
+    }
+
     /// The desired subscription of kind `S` keyed by `key`, or nil (with a
     /// recorded issue) when the model does not want it.
     public func subscription<S: Source, Key: Hashable & Sendable>(
@@ -64,8 +87,10 @@ extension ProgramTester {
     }
 
     /// The desired timer of debouncer `name` (`Subscription.debounce`), whatever its phase.
+    /// Records an issue (and returns nil) when there is none: use
+    /// `hasDebounce(_:)` to assert that there is none.
     public func debounce(_ name: String, sourceLocation: SourceLocation = #_sourceLocation) -> TypedSubscriptionID<TimerSource>? {
-        subscription(TimerSource.self, where: { ($0.base as? DebounceKey)?.name == name }, sourceLocation: sourceLocation)
+        subscription(TimerSource.self, where: isDebounce(name), sourceLocation: sourceLocation)
     }
 
     /// The message the desired subscription `id` makes of `event`, or nil when
@@ -94,6 +119,19 @@ extension ProgramTester {
 }
 
 extension VirtualDriver {
+    /// Whether a source of kind `S` whose key satisfies `match` (any key by
+    /// default) is running. Records nothing either way, so a test can assert
+    /// absence: `#expect(!driver.hasSubscription(TimerSource.self))`.
+    public func hasSubscription<S: Source>(_ kind: S.Type, where match: (AnyHashable) -> Bool = { _ in true }) -> Bool {
+        count(kind, in: running.keys, where: match) > 0
+    }
+
+    /// Whether the timer of debouncer `name` is running, whatever its phase;
+    /// records nothing (`#expect(!driver.hasDebounce("query"))`).
+    public func hasDebounce(_ name: String) -> Bool {
+        hasSubscription(TimerSource.self, where: isDebounce(name))
+    }
+
     /// The running source of kind `S` keyed by `key`, or nil (with a recorded
     /// issue) when none runs.
     public func subscription<S: Source, Key: Hashable & Sendable>(
@@ -113,8 +151,10 @@ extension VirtualDriver {
     }
 
     /// The running timer of debouncer `name` (`Subscription.debounce`), whatever its phase.
+    /// Records an issue (and returns nil) when there is none: use
+    /// `hasDebounce(_:)` to assert that there is none.
     public func debounce(_ name: String, sourceLocation: SourceLocation = #_sourceLocation) -> TypedSubscriptionID<TimerSource>? {
-        subscription(TimerSource.self, where: { ($0.base as? DebounceKey)?.name == name }, sourceLocation: sourceLocation)
+        subscription(TimerSource.self, where: isDebounce(name), sourceLocation: sourceLocation)
     }
 
     /// Delivers `event` from the running source `id` on the loop, as the

@@ -125,7 +125,9 @@ let renderer = Renderer(format: options.format, terminal: terminal)
 let program = Indicator(base: options.settings, format: options.format, configPath: options.config, once: options.once)
 
 var daemonOptions = Daemon<Indicator>.Options()
-daemonOptions.logger = Logger(level: .notice)
+// `--once` is a command whose answer is its output and exit code: only a
+// warning or worse goes to stderr (no shutdown report on every run).
+daemonOptions.logger = DaemonLogger(level: options.once ? .warning : .notice)
 if let path = options.record {
     daemonOptions.recordPath = path
     daemonOptions.recordArguments = recordedArguments(Array(CommandLine.arguments.dropFirst()), options)

@@ -216,6 +216,11 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
         #expect(Renderer(format: .waybar, terminal: false).render(m, now: 0)
                 == #"{"text":"eth0","tooltip":"online via eth0\neth0: routable 10.0.0.1/24","class":"online","alt":"routable"}"#)
         #expect(Renderer(format: .text, terminal: false).render(m, now: 0) == "online via eth0")
+        // An interface without addresses ends its tooltip line with its state, no trailing space.
+        var bare = m
+        bare.latest?.state.interfaces.append(.init(name: "wlan0", index: 3, state: .noCarrier, addresses: []))
+        #expect(Renderer(format: .waybar, terminal: false).render(bare, now: 0)?
+                    .contains(#"eth0: routable 10.0.0.1/24\nwlan0: no-carrier""#) == true)
         #expect(Renderer(format: .text, terminal: true).render(m, now: 1_764_511_200_123_000 + 180_000_000)?.hasSuffix("online via eth0 for 3m") == true)
         #expect(rfc3339(0) == "1970-01-01T00:00:00.000Z")
         #expect(parseDuration("1.5s") == .milliseconds(1500) && parseDuration("soon") == nil)

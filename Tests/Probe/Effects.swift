@@ -30,7 +30,7 @@ struct TasksProgram: Program {
 func runTasksProbe(tasks: Int, stubborn: Int, grace: Duration) -> Int32 {
     do {
         var options = Daemon<TasksProgram>.Options()
-        options.logger = Logger(level: .info, handler: LogHandler { say("log: \($0.message)") })
+        options.logger = DaemonLogger(level: .info, handler: LogSink { say("log: \($0.message)") })
         options.shutdownGrace = grace
         options.shutdownMessage = .shuttingDown
         let daemon = try Daemon(TasksProgram(), options: options) { command, daemon in

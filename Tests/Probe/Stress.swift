@@ -36,7 +36,7 @@ struct CountingProgram: Program {
 func stressSend(threads: Int, messages: Int, capacity: Int) -> Int32 {
     do {
         let loop = try EventLoop()
-        let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+        let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
         let runtime = Runtime(CountingProgram(threads: threads), driver: driver, inboxCapacity: capacity)
         try runtime.start()
         let sender = runtime.sender()
@@ -129,7 +129,7 @@ func stressChurn(seconds: Int) -> Int32 {
         defer { unlink(path); rmdir(directory) }
 
         let loop = try EventLoop()
-        let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+        let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
         let runtime = Runtime(ChurnProgram(path: path), driver: driver)
         try runtime.start()
         func cycles(_ n: Int) throws {

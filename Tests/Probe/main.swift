@@ -118,7 +118,7 @@ struct ConnectivityProgram: Program {
 func runDaemon<P: Program>(_ program: P, logToStdout: Bool = false) -> Int32 where P.Command == Say {
     do {
         var options = Daemon<P>.Options()
-        options.logger = Logger(level: .info, handler: logToStdout ? LogHandler { say("log: \($0.message)") } : .stderr)
+        options.logger = DaemonLogger(level: .info, handler: logToStdout ? LogSink { say("log: \($0.message)") } : .stderr)
         let daemon = try Daemon(program, options: options) { command, daemon in
             switch command {
             case .say("stats"):

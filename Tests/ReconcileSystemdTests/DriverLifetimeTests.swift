@@ -29,7 +29,7 @@ extension SystemdTests {
             let before = EventSourceAccounting.live
             let loop = try EventLoop()
             let capture = CapturingHandler()
-            let driver = SystemdDriver(loop: loop, logger: Logger(level: .warning, handler: capture))
+            let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .warning, handler: capture))
             let runtime = Runtime(TimerAndWatch(path: dir + "/f"), driver: driver)
             try runtime.start()
             #expect(driver.runningCount == 2)
@@ -59,7 +59,7 @@ extension SystemdTests {
             let loop = try EventLoop()
             weak var gone: SystemdDriver?
             do {
-                let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+                let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
                 gone = driver
                 let runtime = Runtime(TimerAndWatch(path: dir + "/f"), driver: driver)
                 try runtime.start()
@@ -77,7 +77,7 @@ extension SystemdTests {
             let dir = try makeTemporaryDirectory()
             defer { removeTree(dir) }
             let loop = try EventLoop()
-            let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+            let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
             do {
                 let runtime = Runtime(Timers(initial: .init(names: ["a", "b"], interval: .milliseconds(10))), driver: driver)
                 try runtime.start()
@@ -95,7 +95,7 @@ extension SystemdTests {
         @Test func aDetachedDriverStartsNothing() throws {
             let before = EventSourceAccounting.live
             let loop = try EventLoop()
-            let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+            let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
             let runtime = Runtime(Timers(initial: .init(names: ["a"], interval: .milliseconds(10))), driver: driver)
             try runtime.start()
             #expect(driver.runningCount == 1)
@@ -116,7 +116,7 @@ extension SystemdTests {
             defer { removeTree(dir) }
             let before = EventSourceAccounting.live
             let loop = try EventLoop()
-            let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+            let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
             do {
                 let runtime = Runtime(TimerAndWatch(path: dir + "/f"), driver: driver)
                 try runtime.start()

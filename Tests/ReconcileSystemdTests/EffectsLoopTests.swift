@@ -201,7 +201,7 @@ extension SystemdTests {
 
         @Test func tenThousandResultsThroughASixteenSlotInboxAreAllDeliveredOnce() throws {
             let loop = try EventLoop()
-            let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+            let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
             let runtime = Runtime(Work(), driver: driver, inboxCapacity: 16)
             defer { runtime.shutdown() }
             try runtime.start()

@@ -219,7 +219,7 @@ extension SystemdTests {
             var options = Daemon<P>.Options()
             options.shutdownSignals = []
             options.notify = false
-            options.logger = Logger(level: .error)
+            options.logger = DaemonLogger(level: .error)
             let d = try Daemon(P(), options: options) { command, daemon in daemon.stop(exitCode: 4) }
             #expect(try d.run() == 4)
             #expect(d.runtime.model == 3)

@@ -68,7 +68,7 @@ final class WatcherLog {
     static func start(on loop: EventLoop, stopOnFailure: Bool = false) throws -> (WatcherLog, NetlinkWatcher)? {
         let log = WatcherLog()
         let watcher = try NetlinkWatcher(
-            receiveBuffer: nil, loop: loop, logger: Logger(level: .error, handler: .stderr),
+            receiveBuffer: nil, loop: loop, logger: DaemonLogger(level: .error, handler: .stderr),
             onTable: { log.events.append("table"); log.last = $0 },
             onFailure: {
                 log.events.append("failed \($0.operation) \($0.code ?? 0)")

@@ -12,7 +12,7 @@ final class Harness<P: Program> {
 
     init(_ program: P, loop: EventLoop? = nil, perform: @escaping (P.Command, Runtime<P>) -> Void = { _, _ in }) throws {
         self.loop = try loop ?? EventLoop()
-        driver = SystemdDriver(loop: self.loop, logger: Logger(level: .error, handler: .stderr))
+        driver = SystemdDriver(loop: self.loop, logger: DaemonLogger(level: .error, handler: .stderr))
         runtime = Runtime(program, driver: driver, perform: perform)
         try runtime.start()
     }

@@ -16,9 +16,9 @@ struct Echo: Program {
 }
 
 /// Log records kept in memory.
-final class LogSink: Sendable {
+final class RecordedLog: Sendable {
     let records = Mutex<[LogRecord]>([])
-    var logger: Logger { Logger(level: .debug, handler: LogHandler { r in self.records.withLock { $0.append(r) } }) }
+    var logger: DaemonLogger { DaemonLogger(level: .debug, handler: LogSink { r in self.records.withLock { $0.append(r) } }) }
     func messages(_ level: LogLevel) -> [String] { records.withLock { $0.filter { $0.level == level }.map(\.message) } }
 }
 
@@ -68,7 +68,7 @@ struct RecordedTimers: Program {
         }
         let buffer = TranscriptBuffer<RecordedTimers>()
         try run({ buffer.attach(to: $0) }, flush: {})
-        let recorder = TranscriptRecorder<RecordedTimers>(path: path, logger: LogSink().logger)
+        let recorder = TranscriptRecorder<RecordedTimers>(path: path, logger: RecordedLog().logger)
         #expect(recorder.encodesOffLoop)
         try run({ recorder.attach(to: $0) }, flush: { recorder.flush() })
         recorder.finish()
@@ -88,7 +88,7 @@ struct RecordedTimers: Program {
         let dir = try makeTemporaryDirectory()
         defer { removeTree(dir) }
         let path = dir + "/t.jsonl"
-        let log = LogSink()
+        let log = RecordedLog()
         let recorder = TranscriptRecorder<Echo>(path: path, sizeLimit: 4_000, logger: log.logger)
         let runtime = Runtime(Echo(), driver: VirtualDriver())
         recorder.attach(to: runtime)
@@ -141,7 +141,7 @@ struct RecordedTimers: Program {
         let path = dir + "/t.jsonl"
         try writeFile(path, String(repeating: "old\n", count: 1000))
         chmod(path, 0o644)
-        let recorder = TranscriptRecorder<Echo>(path: path, logger: LogSink().logger)
+        let recorder = TranscriptRecorder<Echo>(path: path, logger: RecordedLog().logger)
         let runtime = Runtime(Echo(), driver: VirtualDriver())
         recorder.attach(to: runtime)
         try runtime.start()
@@ -154,7 +154,7 @@ struct RecordedTimers: Program {
     }
 
     @Test func writeErrorStopsRecordingWithOneErrorLog() throws {
-        let log = LogSink()
+        let log = RecordedLog()
         // Every write to /dev/full fails with ENOSPC.
         let recorder = TranscriptRecorder<Echo>(path: "/dev/full", logger: log.logger)
         let runtime = Runtime(Echo(), driver: VirtualDriver())
@@ -177,7 +177,7 @@ struct RecordedTimers: Program {
     }
 
     @Test func unopenablePathStopsRecordingWithOneErrorLog() throws {
-        let log = LogSink()
+        let log = RecordedLog()
         let recorder = TranscriptRecorder<Echo>(path: "/nonexistent-directory-for-reconcile/t.jsonl", logger: log.logger)
         let runtime = Runtime(Echo(), driver: VirtualDriver())
         recorder.attach(to: runtime)

@@ -57,7 +57,7 @@ final class NetlinkWatcher {
 
     private let onTable: (LinkTable) -> Void
     private let onFailure: (SourceFailure) -> Void
-    private let logger: Logger
+    private let logger: DaemonLogger
     private let loop: EventLoop
     private lazy var retry = RetryTimer(loop: loop, initial: Self.retryInitial, maximum: Self.retryMaximum) { [unowned self] in
         resync()
@@ -106,7 +106,7 @@ final class NetlinkWatcher {
 
     /// Opens the sockets and starts the first dumps; `onTable` gets the table
     /// after every batch that leaves no dump under way.
-    init(receiveBuffer: Int?, loop: EventLoop, logger: Logger,
+    init(receiveBuffer: Int?, loop: EventLoop, logger: DaemonLogger,
          onTable: @escaping (LinkTable) -> Void, onFailure: @escaping (SourceFailure) -> Void) throws {
         self.onTable = onTable
         self.onFailure = onFailure

@@ -50,7 +50,7 @@ private final class RetiredBus {
 /// Releases `bus` and our `slots` on it: at once, or, when called from inside
 /// one of that connection's own callbacks (sd-bus is still dispatching on it
 /// and would touch freed memory), on the next loop iteration.
-private func retire(_ bus: SystemBus, slots: [OpaquePointer], inItsCallback: Bool, loop: EventLoop, logger: Logger) {
+private func retire(_ bus: SystemBus, slots: [OpaquePointer], inItsCallback: Bool, loop: EventLoop, logger: DaemonLogger) {
     // No callback of ours may run on it any more (the source may be gone by then).
     for s in slots { sd_bus_slot_set_userdata(s, nil) }
     let retired = RetiredBus(bus, slots)
@@ -87,7 +87,7 @@ final class NetworkdConnectivity: RunningSource {
 
     private let reporter: ConnectivityReporter
     private let loop: EventLoop
-    private let logger: Logger
+    private let logger: DaemonLogger
     private var bus: SystemBus?
     private var slots: [OpaquePointer] = []
     /// Armed from connect until the bus answers GetNameOwner: sd-bus itself

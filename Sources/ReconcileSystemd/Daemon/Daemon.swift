@@ -25,7 +25,7 @@ public final class Daemon<P: Program> {
         /// Whether to let the loop ping the watchdog when the manager asks.
         public var watchdog = true
         /// Where logs go.
-        public var logger = Logger()
+        public var logger = DaemonLogger()
         /// How many cross-thread messages may wait.
         public var inboxCapacity = 4096
         /// Record the run's transcript to this file (JSON Lines, mode 0600;
@@ -95,7 +95,7 @@ public final class Daemon<P: Program> {
     /// `makeRecorder`: the transcript recorder for `Options.recordPath`
     /// (one whose writer thread encodes when the types are `Sendable`).
     init(_ program: P, options: Options, perform: @escaping (P.Command, Daemon<P>) -> Void,
-         makeRecorder: (String, Int, [String]?, Logger) -> TranscriptRecorder<P>) throws {
+         makeRecorder: (String, Int, [String]?, DaemonLogger) -> TranscriptRecorder<P>) throws {
         self.options = options
         loop = try EventLoop()
         driver = SystemdDriver(loop: loop, logger: options.logger)
@@ -111,7 +111,7 @@ public final class Daemon<P: Program> {
     }
 
     /// The logger.
-    public var logger: Logger { options.logger }
+    public var logger: DaemonLogger { options.logger }
 
     /// Runs until a shutdown signal or `stop(exitCode:)`; returns the exit code.
     /// - Throws: `LoopError.alreadyRunning` / `.shutDown` on misuse;

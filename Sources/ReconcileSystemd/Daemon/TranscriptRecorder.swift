@@ -67,7 +67,7 @@ public final class TranscriptRecorder<P: Program> {
     @usableFromInline let batchSize = 1024
 
     let encoder: TranscriptEncoder<P.Message, P.Command>
-    let logger: Logger
+    let logger: DaemonLogger
     let shared: WriterShared
     let chunkSize = 1 << 16
     private var spare: [UInt8] = []
@@ -78,11 +78,11 @@ public final class TranscriptRecorder<P: Program> {
     /// opened yet: the writer thread opens the file at the first hand-off.
     /// `arguments` go into the header (the command line, for replay tools).
     public convenience init(path: String, sizeLimit: Int = 256 << 20, backlogLimit: Int = 64 << 20, arguments: [String]? = nil,
-                            logger: Logger = Logger()) {
+                            logger: DaemonLogger = DaemonLogger()) {
         self.init(path: path, sizeLimit: sizeLimit, backlogLimit: backlogLimit, arguments: arguments, logger: logger, writer: nil)
     }
 
-    init(path: String, sizeLimit: Int, backlogLimit: Int, arguments: [String]?, logger: Logger, writer: BatchEncoding?) {
+    init(path: String, sizeLimit: Int, backlogLimit: Int, arguments: [String]?, logger: DaemonLogger, writer: BatchEncoding?) {
         encodesOffLoop = writer != nil
         pending = .allocate(capacity: 1024)
         fast = .allocate(capacity: 1)
@@ -299,7 +299,7 @@ extension TranscriptRecorder where P.Message: Sendable, P.Command: Sendable {
     /// thread encodes the messages and commands (they are `Sendable`): the
     /// loop thread only appends each record to a batch. Nothing is opened yet.
     public convenience init(path: String, sizeLimit: Int = 256 << 20, backlogLimit: Int = 64 << 20, arguments: [String]? = nil,
-                            logger: Logger = Logger()) {
+                            logger: DaemonLogger = DaemonLogger()) {
         self.init(path: path, sizeLimit: sizeLimit, backlogLimit: backlogLimit, arguments: arguments, logger: logger,
                   writer: RecordBatchEncoder<P.Message, P.Command>())
     }
@@ -396,7 +396,7 @@ final class WriterShared: Sendable {
     }
 
     let path: String
-    let logger: Logger
+    let logger: DaemonLogger
     let sizeLimit: Int
     let batchEncoder: BatchEncoding?
     private let state = Mutex(State())
@@ -405,7 +405,7 @@ final class WriterShared: Sendable {
     private let stopped = Atomic<Bool>(false)
     private let encoded = Atomic<Int>(0)
 
-    init(path: String, logger: Logger, sizeLimit: Int = .max, batchEncoder: BatchEncoding? = nil) {
+    init(path: String, logger: DaemonLogger, sizeLimit: Int = .max, batchEncoder: BatchEncoding? = nil) {
         self.path = path
         self.logger = logger
         self.sizeLimit = sizeLimit

@@ -12,8 +12,8 @@ public final class SystemdDriver: Driver {
     /// The loop the sources run on.
     public let loop: EventLoop
     /// The logger sources use (`SourceContext.logger`). Plan steps are logged
-    /// by the host from `Runtime.didReconcile` (`Logger.logReconcile(_:)`), not here.
-    public var logger: Logger
+    /// by the host from `Runtime.didReconcile` (`DaemonLogger.logReconcile(_:)`), not here.
+    public var logger: DaemonLogger
 
     /// Running sources live on their tickets (`driverState`, a
     /// `DriverRunner`), linked unretained into this list through themselves
@@ -42,7 +42,7 @@ public final class SystemdDriver: Driver {
     lazy var directoryWatches = DirectoryWatches(loop: loop)
 
     /// A driver for sources on `loop`.
-    public init(loop: EventLoop, logger: Logger = Logger()) {
+    public init(loop: EventLoop, logger: DaemonLogger = DaemonLogger()) {
         self.loop = loop
         self.logger = logger
     }

@@ -25,7 +25,7 @@ public struct SourceContext {
     /// The loop to attach to.
     public let loop: EventLoop
     /// The driver's logger.
-    public let logger: Logger
+    public let logger: DaemonLogger
     unowned let driver: SystemdDriver
 }
 

@@ -16,9 +16,9 @@ public enum LogLevel: Int32, Comparable, Sendable, CaseIterable {
     case warning
     /// 5: normal but significant (shutdown, config problems).
     case notice
-    /// 6: informational (one line per reconcile that changed something).
+    /// 6: informational (the default level: lifecycle lines such as the watchdog's period).
     case info
-    /// 7: debug (each plan step, late deliveries).
+    /// 7: debug (one line per reconcile that changed something, each plan step, late deliveries).
     case debug
 
     /// Whether `a` is more severe than `b` (a lower priority number).
@@ -43,7 +43,7 @@ public struct LogRecord: Sendable, Equatable {
 }
 
 /// Where log records go: implement it to forward records to your own sink
-/// or to filter them, and set it as `Logger.handler`.
+/// or to filter them, and set it as `DaemonLogger.handler`.
 ///
 /// ```swift
 /// struct FailuresOnly: LogHandling {
@@ -61,17 +61,17 @@ public protocol LogHandling: Sendable {
     func handle(_ record: LogRecord)
 }
 
-extension LogHandling where Self == LogHandler {
-    /// journald (`LogHandler.journal`).
-    public static var journal: LogHandler { LogHandler.journal }
-    /// Standard error (`LogHandler.stderr`).
-    public static var stderr: LogHandler { LogHandler.stderr }
+extension LogHandling where Self == LogSink {
+    /// journald (`LogSink.journal`).
+    public static var journal: LogSink { LogSink.journal }
+    /// Standard error (`LogSink.stderr`).
+    public static var stderr: LogSink { LogSink.stderr }
     /// journald when standard error is the journal, else standard error.
-    public static var automatic: LogHandler { LogHandler.automatic }
+    public static var automatic: LogSink { LogSink.automatic }
 }
 
 /// The built-in handlers (journald, standard error), or a closure.
-public struct LogHandler: LogHandling {
+public struct LogSink: LogHandling {
     let write: @Sendable (LogRecord) -> Void
 
     /// A handler that calls `write` for every record (the host's own sink).
@@ -82,7 +82,7 @@ public struct LogHandler: LogHandling {
 
     /// journald, with the record's fields as journal fields.
     /// The corresponding C function is `sd_journal_sendv`.
-    public static let journal = LogHandler { record in
+    public static let journal = LogSink { record in
         var entries = ["MESSAGE=\(record.message)", "PRIORITY=\(record.level.rawValue)"]
         for (k, v) in record.fields.sorted(by: { $0.key < $1.key }) { entries.append("\(sanitize(k))=\(v)") }
         sendJournal(entries)
@@ -91,7 +91,7 @@ public struct LogHandler: LogHandling {
     /// Standard error: one line per record with a `<N>` priority prefix (which
     /// journald understands when it reads the stream), or a plain level name
     /// on a terminal.
-    public static let stderr = LogHandler { record in
+    public static let stderr = LogSink { record in
         let line: String
         if isatty(2) == 1 {
             line = "\(record.level): \(record.message)\n"
@@ -104,7 +104,7 @@ public struct LogHandler: LogHandling {
 
     /// journald when standard error is connected to the journal
     /// (`JOURNAL_STREAM` names it), else `stderr`.
-    public static var automatic: LogHandler { stderrIsJournal() ? .journal : .stderr }
+    public static var automatic: LogSink { stderrIsJournal() ? .journal : .stderr }
 
     /// Whether fd 2 is the stream `JOURNAL_STREAM` names (`device:inode`).
     public static func stderrIsJournal() -> Bool {
@@ -139,14 +139,14 @@ private func sendJournal(_ entries: [String]) {
 }
 
 /// A small logging facade: a minimum level and a handler.
-public struct Logger: Sendable {
+public struct DaemonLogger: Sendable {
     /// Records below this level are dropped.
     public var level: LogLevel
     /// Where records go.
     public var handler: any LogHandling
 
     /// A logger at `level` writing to `handler` (journald or stderr by default).
-    public init(level: LogLevel = .info, handler: any LogHandling = LogHandler.automatic) {
+    public init(level: LogLevel = .info, handler: any LogHandling = LogSink.automatic) {
         self.level = level
         self.handler = handler
     }
@@ -172,15 +172,16 @@ public struct Logger: Sendable {
     public func error(_ m: @autoclosure () -> String, _ f: @autoclosure () -> [String: String] = [:]) { log(.error, m(), f()) }
 }
 
-extension Logger {
-    /// Logs what one reconcile did: one info line with the counts by outcome
-    /// when it asked the driver for something (fields
-    /// `STARTED=`, `RETUNED=`, `RESTARTED=`, `STOPPED=`, `KEPT=`), then each
-    /// step once at debug (`SUBSCRIPTION=`, `OUTCOME=`). `Daemon` calls this
-    /// from `Runtime.didReconcile`; a host running its own `Runtime` on a
+extension DaemonLogger {
+    /// Logs what one reconcile did, at debug (a daemon at the default level
+    /// `.info` writes nothing per reconcile): one line with the counts by
+    /// outcome when it asked the driver for something (fields `STARTED=`,
+    /// `RETUNED=`, `RESTARTED=`, `STOPPED=`, `KEPT=`), then each step once
+    /// (`SUBSCRIPTION=`, `OUTCOME=`). `Daemon` calls this from
+    /// `Runtime.didReconcile`; a host running its own `Runtime` on a
     /// `SystemdDriver` can do the same (`runtime.didReconcile = logger.logReconcile`).
     public func logReconcile(_ plan: Plan) {
-        guard !plan.isEmpty, isEnabled(.info) else { return }
+        guard !plan.isEmpty, isEnabled(.debug) else { return }
         var started = 0, retuned = 0, restarted = 0, stopped = 0
         for step in plan.steps {
             switch step {
@@ -191,9 +192,8 @@ extension Logger {
             }
         }
         let counts = [("started", started), ("retuned", retuned), ("restarted", restarted), ("stopped", stopped), ("kept", plan.kept)]
-        info("reconcile: " + counts.filter { $0.1 > 0 || $0.0 == "kept" }.map { "\($0.1) \($0.0)" }.joined(separator: ", "),
-             Dictionary(uniqueKeysWithValues: counts.map { ($0.0.uppercased(), "\($0.1)") }))
-        guard isEnabled(.debug) else { return }
+        debug("reconcile: " + counts.filter { $0.1 > 0 || $0.0 == "kept" }.map { "\($0.1) \($0.0)" }.joined(separator: ", "),
+              Dictionary(uniqueKeysWithValues: counts.map { ($0.0.uppercased(), "\($0.1)") }))
         for step in plan.steps {
             debug(step.description, ["SUBSCRIPTION": "\(step.id)", "OUTCOME": step.outcome])
         }
