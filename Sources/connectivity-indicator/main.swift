@@ -1,5 +1,6 @@
 // connectivity-indicator: a live indicator of this machine's connectivity.
 import Glibc
+import Synchronization
 import IndicatorCore
 import Reconcile
 import ReconcileSystemd
@@ -125,9 +126,27 @@ let renderer = Renderer(format: options.format, terminal: terminal)
 let program = Indicator(base: options.settings, format: options.format, configPath: options.config, once: options.once)
 
 var daemonOptions = Daemon<Indicator>.Options()
+/// The line last printed, so a log line on the terminal can clear it first
+/// and draw it again after (the status line is redrawn in place, without a
+/// newline; a log line written after it would be glued to it).
+let drawn = Mutex<String?>(nil)
+
+/// On a terminal, stderr log lines start on a line of their own and the
+/// status line is drawn again below them.
+struct TerminalAware: LogHandling {
+    func handle(_ record: LogRecord) {
+        guard terminal else { return LogSink.stderr.handle(record) }
+        let line = drawn.withLock { $0 }
+        if line != nil { out("\r\u{1B}[2K") }
+        LogSink.stderr.handle(record)
+        if let line { out(line) }
+    }
+}
+
 // `--once` is a command whose answer is its output and exit code: only a
 // warning or worse goes to stderr (no shutdown report on every run).
-daemonOptions.logger = DaemonLogger(level: options.once ? .warning : .notice)
+daemonOptions.logger = DaemonLogger(level: options.once ? .warning : .notice,
+                                    handler: LogSink.stderrIsJournal() ? LogSink.journal : TerminalAware())
 if let path = options.record {
     daemonOptions.recordPath = path
     daemonOptions.recordArguments = recordedArguments(Array(CommandLine.arguments.dropFirst()), options)
@@ -158,6 +177,7 @@ do {
     daemon.didCommit = { model in
         guard let line = renderer.render(model, now: wallClockMicroseconds()), line != last else { return }
         last = line
+        if terminal { drawn.withLock { $0 = line } }
         out(terminal ? line : line + "\n")
     }
     let code = try daemon.run()
