@@ -4,33 +4,28 @@ import Reconcile
 import ReconcileSystemd
 import Testing
 
-/// A loop, a driver and a runtime for one test; everything on this thread.
+/// A loop, a driver and a runtime for one test (the public `LoopTester`),
+/// recording an issue when a wait times out.
 final class Harness<P: Program> {
-    let loop: EventLoop
-    let driver: SystemdDriver
-    let runtime: Runtime<P>
+    let tester: LoopTester<P>
+    var loop: EventLoop { tester.loop }
+    var driver: SystemdDriver { tester.driver }
+    var runtime: Runtime<P> { tester.runtime }
 
     init(_ program: P, loop: EventLoop? = nil, perform: @escaping (P.Command, Runtime<P>) -> Void = { _, _ in }) throws {
-        self.loop = try loop ?? EventLoop()
-        driver = SystemdDriver(loop: self.loop, logger: DaemonLogger(level: .error, handler: .stderr))
-        runtime = Runtime(program, driver: driver, perform: perform)
-        try runtime.start()
+        tester = try LoopTester(program, loop: loop, perform: perform)
     }
 
     /// Runs the loop until `done` or the deadline; records an issue on timeout.
     @discardableResult
     func run(until done: () -> Bool, timeout: Duration = .seconds(5), sourceLocation: SourceLocation = #_sourceLocation) throws -> Bool {
-        let ok = try loop.run(until: done, timeout: timeout)
+        let ok = try tester.run(until: done, timeout: timeout)
         if !ok { Issue.record("timed out after \(timeout)", sourceLocation: sourceLocation) }
         return ok
     }
 
     /// Runs the loop for `duration` (to show that nothing more happens).
-    func run(for duration: Duration) throws {
-        _ = try loop.run(until: { false }, timeout: duration)
-    }
-
-    deinit { runtime.shutdown() }
+    func run(for duration: Duration) throws { try tester.run(for: duration) }
 }
 
 /// A fresh directory under the system's temporary directory.

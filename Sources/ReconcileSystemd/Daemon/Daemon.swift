@@ -12,9 +12,9 @@ import Reconcile
 ///   program's `status(_:)` changes; the watchdog is pinged from the loop
 ///   every half `WATCHDOG_USEC` when it is set (at least every 10 ms, see
 ///   `ServiceManager.minimumWatchdogInterval`).
-/// - Each reconcile that changed something is logged at info (counts by
-///   outcome), its steps at debug; every source failure at warning with
-///   its reason.
+/// - Each reconcile that changed something is logged at debug (counts by
+///   outcome, then its steps); every source failure at warning with its
+///   reason.
 public final class Daemon<P: Program> {
     /// Options for the daemon glue.
     public struct Options {
@@ -45,7 +45,7 @@ public final class Daemon<P: Program> {
         /// main thread (`@MainActor` code and `Task {}` in `main.swift` run).
         public var drainsMainQueue = true
 
-        /// The defaults: SIGTERM and SIGINT shut down, notify and watchdog on, info logging.
+        /// The defaults: SIGTERM and SIGINT shut down, notify and watchdog on, logging from `.info`.
         public init() {}
     }
 
