@@ -47,11 +47,11 @@ public final class Runtime<P: Program>: DriverHost {
     /// Called with each transcript record (start, message, plan,
     /// diagnostic) on the loop thread; see `TranscriptRecord`.
     public var transcript: ((TranscriptRecord<P.Message, P.Command>) -> Void)?
-    /// When set, called for each message instead of `transcript`, with the
+    /// (Package-internal: the recorder's hook.) When set, called for each message instead of `transcript`, with the
     /// record's fields as arguments (index, message, origin, loop time,
     /// round, commands): no record value is built in this generic code, so
     /// a recorder specialised for the program's types takes it cheaply.
-    public var transcriptMessage: ((Int, P.Message, MessageOrigin, Duration, Int, [P.Command]) -> Void)?
+    @usableFromInline package var transcriptMessage: ((Int, P.Message, MessageOrigin, Duration, Int, [P.Command]) -> Void)?
 
     let driver: any Driver
     let perform: (P.Command, Runtime<P>) -> Void

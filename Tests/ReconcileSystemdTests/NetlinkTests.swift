@@ -226,7 +226,7 @@ import Testing
         ("wl[a-z]n0", "wlan0", true), ("wl[!a]n0", "wlan0", false), ("[", "[", true), ("veth[0-9]", "veth10", false),
     ])
     func globMatchesLikeAShell(pattern: String, name: String, expected: Bool) {
-        #expect(glob(pattern, matches: name) == expected)
+        #expect(ConnectivitySource.glob(pattern, matches: name) == expected)
     }
 
     @Test func formatsAddressesLikeInetNtop() {

@@ -212,48 +212,51 @@ extension Subscription {
     }
 }
 
-/// Shell-style glob: `*`, `?` and `[...]` (with `!` or `^` negation and ranges).
-public func glob(_ pattern: String, matches name: String) -> Bool {
-    let p = Array(pattern.unicodeScalars), s = Array(name.unicodeScalars)
-    var pi = 0, si = 0, starP = -1, starS = 0
-    while si < s.count {
-        if pi < p.count {
-            switch p[pi] {
-            case "*":
-                starP = pi; starS = si; pi += 1; continue
-            case "?":
-                pi += 1; si += 1; continue
-            case "[":
-                if let (ok, next) = matchClass(p, pi, s[si]) {
-                    if ok { pi = next; si += 1; continue }
-                } else if p[pi] == s[si] { pi += 1; si += 1; continue }
-            default:
-                if p[pi] == s[si] { pi += 1; si += 1; continue }
+extension ConnectivitySource {
+    /// Shell-style glob, as the interface filters match names: `*`, `?` and
+    /// `[...]` (with `!` or `^` negation and ranges).
+    public static func glob(_ pattern: String, matches name: String) -> Bool {
+        let p = Array(pattern.unicodeScalars), s = Array(name.unicodeScalars)
+        var pi = 0, si = 0, starP = -1, starS = 0
+        while si < s.count {
+            if pi < p.count {
+                switch p[pi] {
+                case "*":
+                    starP = pi; starS = si; pi += 1; continue
+                case "?":
+                    pi += 1; si += 1; continue
+                case "[":
+                    if let (ok, next) = matchClass(p, pi, s[si]) {
+                        if ok { pi = next; si += 1; continue }
+                    } else if p[pi] == s[si] { pi += 1; si += 1; continue }
+                default:
+                    if p[pi] == s[si] { pi += 1; si += 1; continue }
+                }
+            }
+            guard starP >= 0 else { return false }
+            pi = starP + 1; starS += 1; si = starS
+        }
+        while pi < p.count && p[pi] == "*" { pi += 1 }
+        return pi == p.count
+    }
+
+    private static func matchClass(_ p: [Unicode.Scalar], _ start: Int, _ c: Unicode.Scalar) -> (Bool, Int)? {
+        var i = start + 1
+        var negate = false
+        if i < p.count && (p[i] == "!" || p[i] == "^") { negate = true; i += 1 }
+        var matched = false
+        var first = true
+        while i < p.count && (p[i] != "]" || first) {
+            first = false
+            if i + 2 < p.count && p[i + 1] == "-" && p[i + 2] != "]" {
+                if p[i] <= c && c <= p[i + 2] { matched = true }
+                i += 3
+            } else {
+                if p[i] == c { matched = true }
+                i += 1
             }
         }
-        guard starP >= 0 else { return false }
-        pi = starP + 1; starS += 1; si = starS
+        guard i < p.count else { return nil }   // no closing bracket: literal '['
+        return (matched != negate, i + 1)
     }
-    while pi < p.count && p[pi] == "*" { pi += 1 }
-    return pi == p.count
-}
-
-private func matchClass(_ p: [Unicode.Scalar], _ start: Int, _ c: Unicode.Scalar) -> (Bool, Int)? {
-    var i = start + 1
-    var negate = false
-    if i < p.count && (p[i] == "!" || p[i] == "^") { negate = true; i += 1 }
-    var matched = false
-    var first = true
-    while i < p.count && (p[i] != "]" || first) {
-        first = false
-        if i + 2 < p.count && p[i + 1] == "-" && p[i + 2] != "]" {
-            if p[i] <= c && c <= p[i + 2] { matched = true }
-            i += 3
-        } else {
-            if p[i] == c { matched = true }
-            i += 1
-        }
-    }
-    guard i < p.count else { return nil }   // no closing bracket: literal '['
-    return (matched != negate, i + 1)
 }

@@ -4,14 +4,14 @@ import Synchronization
 /// sd-event sources created by Reconcile and not yet destroyed by sd-event
 /// (counted down from each source's destroy callback). Tests use it to show
 /// start-once / stop-once at the sd-event level.
-public enum EventSourceAccounting {
+package enum EventSourceAccounting {
     static let liveCount = Atomic<Int>(0)
     static let createdCount = Atomic<Int>(0)
 
     /// Sources created and not yet destroyed, process-wide.
-    public static var live: Int { liveCount.load(ordering: .relaxed) }
+    package static var live: Int { liveCount.load(ordering: .relaxed) }
     /// Sources ever created, process-wide.
-    public static var created: Int { createdCount.load(ordering: .relaxed) }
+    package static var created: Int { createdCount.load(ordering: .relaxed) }
 }
 
 /// One owner of one `sd_event_source *`: disabled and released by `close()`

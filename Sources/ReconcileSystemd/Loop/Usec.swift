@@ -11,8 +11,9 @@ public let usecInfinity: UInt64 = .max
 
 /// The one conversion from `Duration` to sd-event's `usec_t`. Saturating:
 /// a negative duration gives 0; a duration of `Int64.max` microseconds
-/// (292,471 years) or more gives `USEC_INFINITY`, "never".
-public func usec(_ duration: Duration) -> UInt64 {
+/// (292,471 years) or more gives `USEC_INFINITY`, "never". (Public as
+/// `Duration.usec`, for sources of one's own.)
+package func usec(_ duration: Duration) -> UInt64 {
     let us = duration.saturatingMicroseconds
     if us <= 0 { return 0 }
     if us == .max { return usecInfinity }
@@ -20,6 +21,12 @@ public func usec(_ duration: Duration) -> UInt64 {
 }
 
 extension Duration {
+    /// The duration as sd-event's `usec_t`, through the one saturating
+    /// conversion: 0 for a negative duration, `USEC_INFINITY` ("never")
+    /// from `Int64.max` microseconds on. For `SystemdSource`s of one's own
+    /// that arm sd-event timers.
+    public var usec: UInt64 { ReconcileSystemd.usec(self) }
+
     /// The duration of `usec` microseconds (exact for every `usec_t`;
     /// `USEC_INFINITY` gives 2^64 - 1 µs, callers that mean "never" check it
     /// first).
