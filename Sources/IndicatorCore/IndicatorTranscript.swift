@@ -127,6 +127,11 @@ enum ConnectivityEventCoding: Codable {
                     }
                     return s
                 }
+                // A replayed time is checked before anything computes with it:
+                // microseconds since the epoch, up to the end of year 9999.
+                guard (0...253_402_300_799_999_999).contains(c.changedAt) else {
+                    throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "changedAt \(c.changedAt) is out of range"))
+                }
                 guard let backend = ConnectivitySource.Backend(rawValue: c.backend) else {
                     throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "unknown backend '\(c.backend)'"))
                 }

@@ -41,7 +41,9 @@ public struct Renderer: Sendable {
         guard terminal else { return line }
         var since = ""
         if m.settings.showSince, let c = m.latest, m.failure == nil {
-            since = " for " + relative(max(0, now - c.changedAt))
+            // Saturated: a replayed time may be anything an Int64 holds.
+            let (elapsed, overflow) = now.subtractingReportingOverflow(c.changedAt)
+            since = " for " + relative(overflow ? (c.changedAt < 0 ? .max : 0) : max(0, elapsed))
         }
         return "\r\u{1b}[2K" + (m.settings.color ? mark + " " : "") + line + since
     }
@@ -85,10 +87,18 @@ public func relative(_ micros: Int64) -> String {
     return "\(s / 86400)d \(s % 86400 / 3600)h"
 }
 
-/// RFC 3339 in UTC with milliseconds: `2026-11-30T14:00:00.123Z`.
+/// RFC 3339 in UTC with milliseconds: `2026-11-30T14:00:00.123Z`. Total
+/// over `Int64` (no step can overflow; years outside 0000–9999 are written
+/// with their sign or more digits).
 public func rfc3339(_ micros: Int64) -> String {
-    let secs = micros >= 0 ? micros / 1_000_000 : (micros - 999_999) / 1_000_000
-    let ms = (micros - secs * 1_000_000) / 1000
+    // Floor division without `micros - 999_999` (which overflows at the bottom).
+    var secs = micros / 1_000_000
+    var sub = micros % 1_000_000
+    if sub < 0 {
+        secs -= 1
+        sub += 1_000_000
+    }
+    let ms = sub / 1000
     var days = secs >= 0 ? secs / 86400 : (secs - 86399) / 86400
     let rem = secs - days * 86400
     // Civil from days (Howard Hinnant's algorithm).

@@ -50,8 +50,16 @@ public struct LoopClock: Clock {
     ///   - deadline: The instant to wake at.
     ///   - tolerance: Ignored; sd-event coalesces timers itself.
     /// - Throws: `CancellationError` when the task is cancelled first.
+    ///
+    /// A cancelled task's sleep still suspends once (`Task.yield`) before
+    /// it throws: a task that retries in a loop
+    /// (`while true { try? await clock.sleep(…) }`) then gives the loop its
+    /// turn each time round, so the shutdown grace timer fires.
     public func sleep(until deadline: Instant, tolerance: Duration? = nil) async throws {
-        try Task.checkCancellation()
+        if Task.isCancelled {
+            await Task.yield()
+            throw CancellationError()
+        }
         try await source.sleep(until: deadline.offset)
     }
 

@@ -187,6 +187,9 @@ final class GroupMemo {
     /// This group's position in its parent's child order (`GroupReuse`;
     /// last, so the walk's fields keep their places in the object).
     var childIndex = 0
+    /// The reuse generation (`GroupReuse.live`) whose build was handed this
+    /// group's node: one node serves one group of a build.
+    var reuseGeneration: UInt64 = 0
 
     init(key: GroupKey?, parent: GroupMemo) {
         self.key = key
@@ -321,24 +324,48 @@ final class GroupMemo {
     /// The node last built at `offset` past the cursor, unretained (the
     /// parent's memo holds it), and whether it may serve again (not when
     /// its subtree had duplicates: such a group is always built anew, as
-    /// without reuse); nil past the last one.
-    @usableFromInline func candidate(_ offset: Int) -> (node: Unmanaged<GroupIdentity>, reusable: Bool)? {
+    /// without reuse; nor when this build was handed it already: one node
+    /// serves one group); nil past the last one.
+    ///
+    /// Only a first occurrence this build has not taken is in its place
+    /// (`inPlace`), as in the walk: the first group with a key takes it,
+    /// and later ones with that key are found by `relocate`, by occurrence.
+    @usableFromInline func candidate(_ offset: Int) -> (node: Unmanaged<GroupIdentity>, reusable: Bool, inPlace: Bool)? {
         let i = cursor + offset
+        let generation = live.load(ordering: .relaxed)
         return parent._withUnsafeGuaranteedRef { p in
             guard i < p.childOrder.count else { return nil }
-            return p.childOrder[i]._withUnsafeGuaranteedRef { m in m.nodeRef.map { ($0, m.subtreeDuplicates == 0) } }
+            return p.childOrder[i]._withUnsafeGuaranteedRef { m in
+                m.nodeRef.map { ($0, m.subtreeDuplicates == 0, m.occurrence == 0 && m.reuseGeneration != generation) }
+            }
         }
     }
 
-    /// The candidate at `offset` has the group's key: the next group
-    /// compares with the one after it.
-    @usableFromInline func took(_ offset: Int) { cursor += offset + 1 }
+    /// The candidate at `offset` has the group's key: it is this build's
+    /// (its node serves no other group), and the next group compares with
+    /// the one after it.
+    @usableFromInline func took(_ offset: Int) {
+        let i = cursor + offset
+        let generation = live.load(ordering: .relaxed)
+        parent._withUnsafeGuaranteedRef { p in p.childOrder[i]._withUnsafeGuaranteedRef { $0.reuseGeneration = generation } }
+        cursor = i + 1
+    }
 
-    /// The last children's group with `key` (first occurrence), if any;
-    /// the comparison goes on after it.
+    /// The last children's group with `key` at the first occurrence this
+    /// build has not taken (as the walk counts occurrences), if any; it is
+    /// taken, and the comparison goes on after it.
     func relocate(_ key: GroupKey) -> GroupMemo? {
-        parent._withUnsafeGuaranteedRef { p -> GroupMemo? in
-            guard let m = p.children[key], let i = p.lastPosition(of: m) else { return nil }
+        let generation = live.load(ordering: .relaxed)
+        return parent._withUnsafeGuaranteedRef { p -> GroupMemo? in
+            var key = key
+            var found = p.children[key]
+            while let m = found, m.reuseGeneration == generation {
+                key.occurrence += 1
+                found = p.children[key]
+            }
+            guard let m = found else { return nil }
+            m.reuseGeneration = generation
+            guard let i = p.lastPosition(of: m) else { return nil }
             cursor = i + 1
             return m
         }

@@ -415,7 +415,9 @@ final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>:
                     guard o.keyValue == key else { return 0 }
                     return o.value == input ? 2 : 1
                 }
-                guard match != 0 else { continue }
+                // Another occurrence of this key, or one this build took:
+                // not this group's place (`relocate` finds it by occurrence).
+                guard match != 0 && last.inPlace else { continue }
                 // Its place: the next group compares from here on.
                 c.took(offset)
                 guard match == 2 && last.reusable else { return .new }

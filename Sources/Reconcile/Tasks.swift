@@ -174,7 +174,7 @@ public struct TaskStats: Equatable, Sendable {
 public final class TaskRegistry<Message> {
     struct Running {
         let job: TaskJob
-        let cancel: () -> Void
+        var cancel: () -> Void
         var cancelled = false
         var atShutdown = false
     }
@@ -189,7 +189,12 @@ public final class TaskRegistry<Message> {
     private var nextSerial: UInt64 = 0
     private var phase = Phase.open
     private var counts = TaskShutdownCounts()
-    private var runner: any TaskRunner = ExecutorTaskRunner(executor: nil)
+    /// Where tasks start: nil until the runtime attaches its driver's
+    /// runner (tasks run before that wait in `queued`, so that a `.loop`
+    /// task starts on the loop, not on the global executor).
+    private var runner: (any TaskRunner)?
+    /// Serials of tasks run before a runner was attached, in order.
+    private var queued: [UInt64] = []
     let results = TaskResults<Message>()
     /// Called on the loop thread once every task has ended after shutdown began.
     var onSettled: (() -> Void)?
@@ -236,7 +241,18 @@ public final class TaskRegistry<Message> {
 
     package func attach(waker: Waker, runner: (any TaskRunner)?) {
         results.setWaker(waker)
-        if let runner { self.runner = runner }
+        let runner = runner ?? ExecutorTaskRunner(executor: nil)
+        self.runner = runner
+        // Tasks run before the start start now, on the driver's runner; one
+        // cancelled meanwhile starts cancelled (its result is still delivered).
+        let waiting = queued
+        queued = []
+        for serial in waiting {
+            guard let entry = running[serial] else { continue }
+            let cancel = runner.start(entry.job)
+            running[serial]?.cancel = cancel
+            if entry.cancelled { cancel() }
+        }
     }
 
     func start(id: TaskID, policy: InFlightPolicy, placement: TaskPlacement,
@@ -264,6 +280,10 @@ public final class TaskRegistry<Message> {
         stats.started += 1
         // Registered before it can end: its result is matched on the loop.
         running[serial] = Running(job: job, cancel: {})
+        guard let runner else {
+            queued.append(serial)
+            return true
+        }
         let cancel = runner.start(job)
         if running[serial] != nil { running[serial] = Running(job: job, cancel: cancel) }
         return true

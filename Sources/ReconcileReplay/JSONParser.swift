@@ -1,6 +1,14 @@
-/// A small strict JSON parser for transcript lines (faster than decoding
-/// into `JSONValue` through `JSONDecoder`, and exact for 64-bit integers).
+/// A small JSON parser for transcript lines (faster than decoding into
+/// `JSONValue` through `JSONDecoder`, and exact for 64-bit integers),
+/// strict to RFC 8259: numbers in its grammar only (no leading zeros, no
+/// `1.e5`, none that overflow to infinity), strings of valid UTF-8 with
+/// `\u` escapes whose surrogates pair, no duplicate keys in an object, and
+/// at most `maxDepth` nested arrays and objects. The input's length is
+/// bounded by the caller (a transcript line, `Transcript.defaultLineLimit`).
 struct JSONParser {
+    /// The deepest nesting of arrays and objects accepted.
+    static let maxDepth = 128
+
     struct Failure: Error, CustomStringConvertible {
         let offset: Int
         let reason: String
@@ -49,7 +57,7 @@ struct JSONParser {
         switch bytes[i] {
         case UInt8(ascii: "{"):
             depth += 1
-            guard depth < 512 else { throw fail("nested too deeply") }
+            guard depth <= Self.maxDepth else { throw fail("nested deeper than \(Self.maxDepth)") }
             defer { depth -= 1 }
             i += 1
             var fields: [String: JSONValue] = [:]
@@ -60,6 +68,7 @@ struct JSONParser {
                 guard i < bytes.count, bytes[i] == UInt8(ascii: "\"") else { throw fail("expected a key") }
                 let k = try string()
                 skipSpace()
+                guard fields[k] == nil else { throw fail("duplicate key \"\(k)\"") }
                 guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { throw fail("expected ':'") }
                 i += 1
                 fields[k] = try value()
@@ -71,7 +80,7 @@ struct JSONParser {
             }
         case UInt8(ascii: "["):
             depth += 1
-            guard depth < 512 else { throw fail("nested too deeply") }
+            guard depth <= Self.maxDepth else { throw fail("nested deeper than \(Self.maxDepth)") }
             defer { depth -= 1 }
             i += 1
             var items: [JSONValue] = []
@@ -93,31 +102,48 @@ struct JSONParser {
         }
     }
 
+    /// A number as RFC 8259 writes it: `-? (0 | [1-9][0-9]*) (. [0-9]+)?
+    /// ([eE] [+-]? [0-9]+)?`; an integer that fits `Int64` or `UInt64` is
+    /// exact, any other number must be a finite `Double`.
     mutating func number() throws(Failure) -> JSONValue {
         let start = i
-        var isInteger = true
+        func isDigit(_ k: Int) -> Bool { k < bytes.count && bytes[k] >= 0x30 && bytes[k] <= 0x39 }
         if i < bytes.count, bytes[i] == UInt8(ascii: "-") { i += 1 }
-        guard i < bytes.count, bytes[i] >= 0x30, bytes[i] <= 0x39 else { throw fail("unexpected character") }
-        while i < bytes.count {
-            let c = bytes[i]
-            if c >= 0x30 && c <= 0x39 { i += 1; continue }
-            if c == UInt8(ascii: ".") || c == UInt8(ascii: "e") || c == UInt8(ascii: "E") || c == UInt8(ascii: "+") || c == UInt8(ascii: "-") {
-                isInteger = false
-                i += 1
-                continue
-            }
-            break
+        guard isDigit(i) else { throw fail("unexpected character") }
+        if bytes[i] == 0x30 {
+            i += 1
+            guard !isDigit(i) else { throw Failure(offset: start, reason: "bad number (leading zero)") }
+        } else {
+            while isDigit(i) { i += 1 }
+        }
+        var isInteger = true
+        if i < bytes.count, bytes[i] == UInt8(ascii: ".") {
+            isInteger = false
+            i += 1
+            guard isDigit(i) else { throw Failure(offset: start, reason: "bad number (no digit after '.')") }
+            while isDigit(i) { i += 1 }
+        }
+        if i < bytes.count, bytes[i] == UInt8(ascii: "e") || bytes[i] == UInt8(ascii: "E") {
+            isInteger = false
+            i += 1
+            if i < bytes.count, bytes[i] == UInt8(ascii: "+") || bytes[i] == UInt8(ascii: "-") { i += 1 }
+            guard isDigit(i) else { throw Failure(offset: start, reason: "bad number (no digit in the exponent)") }
+            while isDigit(i) { i += 1 }
         }
         let text = String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<i]), as: UTF8.self)
         if isInteger {
             if let v = Int64(text) { return .int(v) }
             if let v = UInt64(text) { return .uint(v) }
         }
-        guard let d = Double(text) else { throw Failure(offset: start, reason: "bad number") }
+        guard let d = Double(text), d.isFinite else { throw Failure(offset: start, reason: "number out of range") }
         return .double(d)
     }
 
+    /// A string: valid UTF-8, no control character, escapes as RFC 8259
+    /// has them (a `\u` high surrogate must be followed by a `\u` low one;
+    /// a lone surrogate is an error).
     mutating func string() throws(Failure) -> String {
+        let start = i
         i += 1   // opening quote
         var out: [UInt8] = []
         while true {
@@ -126,7 +152,10 @@ struct JSONParser {
             i += 1
             switch c {
             case UInt8(ascii: "\""):
-                return String(decoding: out, as: UTF8.self)
+                guard let s = String(validating: out, as: UTF8.self) else {
+                    throw Failure(offset: start, reason: "invalid UTF-8 in string")
+                }
+                return s
             case UInt8(ascii: "\\"):
                 guard i < bytes.count else { throw fail("unterminated escape") }
                 let e = bytes[i]
@@ -140,13 +169,18 @@ struct JSONParser {
                 case UInt8(ascii: "f"): out.append(0x0C)
                 case UInt8(ascii: "u"):
                     var scalar = try hex4()
-                    if (0xD800..<0xDC00).contains(scalar), i + 1 < bytes.count, bytes[i] == UInt8(ascii: "\\"), bytes[i + 1] == UInt8(ascii: "u") {
+                    if (0xDC00..<0xE000).contains(scalar) { throw fail("lone low surrogate in \\u escape") }
+                    if (0xD800..<0xDC00).contains(scalar) {
+                        guard i + 1 < bytes.count, bytes[i] == UInt8(ascii: "\\"), bytes[i + 1] == UInt8(ascii: "u") else {
+                            throw fail("high surrogate without a low one in \\u escape")
+                        }
                         i += 2
                         let low = try hex4()
-                        scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low &- 0xDC00)
+                        guard (0xDC00..<0xE000).contains(low) else { throw fail("high surrogate without a low one in \\u escape") }
+                        scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
                     }
                     guard let u = Unicode.Scalar(scalar) else { throw fail("bad \\u escape") }
-                    out.append(contentsOf: Array(String(Character(u)).utf8))
+                    out.append(contentsOf: String(Character(u)).utf8)
                 default: throw fail("bad escape")
                 }
             default:

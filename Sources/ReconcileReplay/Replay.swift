@@ -134,8 +134,15 @@ public enum Replay {
             default: break
             }
             // One round: its messages (diagnostics among them), then its
-            // plan record if the reconcile changed something.
-            let round = line.value["round"]?.int ?? 0
+            // plan record if the reconcile changed something. The round's
+            // first line is consumed below, so the loop always advances.
+            guard line.type == "message" || line.type == "plan" else {
+                throw .badLine(line: line.number, reason: "unknown record type \(line.type)")
+            }
+            guard let round = line.value["round"]?.int else {
+                throw .badLine(line: line.number, reason: "a \(line.type) record needs an integer round")
+            }
+            let first = i
             var batch: [Transcript.Line] = []
             var later: [String] = []
             var plan: Transcript.Line?
@@ -158,6 +165,7 @@ public enum Replay {
                 }
                 i += 1
             }
+            guard i > first else { throw .badLine(line: line.number, reason: "out of place in round \(round)") }
             var items: [(message: P.Message, origin: MessageOrigin)] = []
             for m in batch {
                 let index = Int(m.value["index"]?.int ?? -1)

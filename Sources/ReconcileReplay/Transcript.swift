@@ -180,9 +180,22 @@ public struct Transcript {
     /// The default longest line accepted (bytes).
     public static let defaultLineLimit = 1 << 20
 
+    /// The default largest file read (bytes): four times the recorder's
+    /// default size limit. A replay holds the file and its parsed records
+    /// in memory.
+    public static let defaultSizeLimit = 1 << 30
+
     /// Reads the transcript at `path`.
-    public init(contentsOf path: String, lineLimit: Int = Transcript.defaultLineLimit) throws(TranscriptError) {
-        try self.init(data: try readTranscriptFile(path), lineLimit: lineLimit)
+    /// - Parameters:
+    ///   - path: the file (a regular file; a FIFO or device is refused).
+    ///   - lineLimit: the longest line accepted (bytes).
+    ///   - sizeLimit: the largest file accepted (bytes); a larger one
+    ///     (a sparse one included) is refused before anything is read.
+    /// - Throws: `TranscriptError` when the file cannot be read, is too
+    ///   large, or is not a valid transcript.
+    public init(contentsOf path: String, lineLimit: Int = Transcript.defaultLineLimit,
+                sizeLimit: Int = Transcript.defaultSizeLimit) throws(TranscriptError) {
+        try self.init(data: try readTranscriptFile(path, sizeLimit: sizeLimit), lineLimit: lineLimit)
     }
 
     /// Reads a transcript from `data`.
@@ -224,7 +237,11 @@ public struct Transcript {
             guard case .object = value else { throw .badLine(line: i + 1, reason: "not a JSON object") }
             let line = Line(number: i + 1, value: value, bytes: Data(bytes))
             switch line.type {
-            case "start", "plan", "diagnostic", "end": break
+            case "start", "diagnostic", "end": break
+            case "plan":
+                // Replay groups records by round: a plan without an integer
+                // one could not be placed (issue 19).
+                guard value["round"]?.int != nil else { throw .badLine(line: i + 1, reason: "a plan record needs an integer round") }
             case "message":
                 guard value["index"]?.int != nil, value["round"]?.int != nil, value["time_us"]?.int != nil else {
                     throw .badLine(line: i + 1, reason: "a message record needs index, round and time_us")
@@ -261,8 +278,11 @@ public final class TranscriptBuffer<P: Program> {
 
 /// The bytes of the regular file at `path` (`open`, `fstat`, `read`; the
 /// reason of a failure is the system's sentence for its errno). A FIFO or a
-/// device is refused, never waited on.
-func readTranscriptFile(_ path: String) throws(TranscriptError) -> Data {
+/// device is refused, never waited on; a file larger than `sizeLimit`
+/// (by its size, or grown while read) is refused, and no more than that is
+/// ever reserved.
+func readTranscriptFile(_ path: String, sizeLimit: Int = Transcript.defaultSizeLimit) throws(TranscriptError) -> Data {
+    func tooLarge(_ what: String) -> TranscriptError { .unreadable(path, reason: "too large (\(what), at most \(sizeLimit) bytes)") }
     func failure(_ code: Int32) -> TranscriptError { .unreadable(path, reason: String(cString: strerror(code))) }
     let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
     guard fd >= 0 else { throw failure(errno) }
@@ -272,10 +292,12 @@ func readTranscriptFile(_ path: String) throws(TranscriptError) -> Data {
     guard st.st_mode & S_IFMT == S_IFREG else {
         throw .unreadable(path, reason: st.st_mode & S_IFMT == S_IFDIR ? String(cString: strerror(EISDIR)) : "not a regular file")
     }
+    guard st.st_size >= 0, st.st_size <= Int64(sizeLimit) else { throw tooLarge("\(st.st_size) bytes") }
     var bytes: [UInt8] = []
     bytes.reserveCapacity(Int(st.st_size))
     var chunk = [UInt8](repeating: 0, count: 1 << 16)
     while true {
+        guard bytes.count <= sizeLimit else { throw tooLarge("more than \(sizeLimit) bytes") }
         let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
         if n < 0 {
             if errno == EINTR { continue }
@@ -284,5 +306,6 @@ func readTranscriptFile(_ path: String) throws(TranscriptError) -> Data {
         if n == 0 { break }
         bytes.append(contentsOf: chunk[..<n])
     }
+    guard bytes.count <= sizeLimit else { throw tooLarge("more than \(sizeLimit) bytes") }
     return Data(bytes)
 }

@@ -39,6 +39,12 @@ func replaySession(_ path: String) -> Never {
         _ = write(2, &bytes, bytes.count)
         exit(code)
     }
+    // No loop takes signals here: they keep their default action (a mask
+    // inherited from the parent is lifted), so SIGTERM stops a replay.
+    var answered = sigset_t()
+    sigemptyset(&answered)
+    for s in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&answered, s) }
+    pthread_sigmask(SIG_UNBLOCK, &answered, nil)
     let transcript: Transcript
     do { transcript = try Transcript(contentsOf: path) } catch { stop("\(error)", 3) }
     let name = String(reflecting: Indicator.self)

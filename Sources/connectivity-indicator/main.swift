@@ -110,9 +110,7 @@ func readConfigFile(_ path: String) -> Result<String, Unreadable> {
     return .success(String(decoding: data, as: UTF8.self))
 }
 
-// Block the signals first, before anything could start a thread.
-do { try Signals.block() } catch { fail("cannot block signals: \(error)") }
-
+// Arguments first (no thread is started before the signals are blocked).
 let options: Arguments
 switch parseArguments(Array(CommandLine.arguments.dropFirst()), directory: currentDirectory()) {
 case .failure(let e): fail(e.message)
@@ -120,7 +118,11 @@ case .success(let a) where a.action == .help: out(help + "\n"); exit(0)
 case .success(let a) where a.action == .version: out("connectivity-indicator \(version)\n"); exit(0)
 case .success(let a): options = a
 }
+// A replay has no loop to take signals: SIGTERM and SIGINT stop it.
 if let path = options.replay { replaySession(path) }
+
+// Block the signals for the loop, before anything could start a thread.
+do { try Signals.block() } catch { fail("cannot block signals: \(error)") }
 let terminal = isatty(1) == 1 && options.format == .text
 let renderer = Renderer(format: options.format, terminal: terminal)
 let program = Indicator(base: options.settings, format: options.format, configPath: options.config, once: options.once)

@@ -223,6 +223,17 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
                     .contains(#"eth0: routable 10.0.0.1/24\nwlan0: no-carrier""#) == true)
         #expect(Renderer(format: .text, terminal: true).render(m, now: 1_764_511_200_123_000 + 180_000_000)?.hasSuffix("online via eth0 for 3m") == true)
         #expect(rfc3339(0) == "1970-01-01T00:00:00.000Z")
+        #expect(rfc3339(-1) == "1969-12-31T23:59:59.999Z")
+        #expect(rfc3339(-1_000_000) == "1969-12-31T23:59:59.000Z")
+        // Total over Int64 (issue 19, item 5): the extremes render, no trap.
+        #expect(rfc3339(.min) == "-290308-12-21T19:59:05.224Z")
+        #expect(rfc3339(.max) == "294247-01-10T04:00:54.775Z")
+        for (changedAt, now) in [(Int64.min, Int64.max), (.max, .min), (.min, 0), (.max, 0)] {
+            var far = m
+            far.latest?.changedAt = changedAt
+            #expect(Renderer(format: .text, terminal: true).render(far, now: now)?.contains("online via eth0 for ") == true)
+            #expect(Renderer(format: .json, terminal: false).render(far, now: now) != nil)
+        }
         #expect(parseDuration("1.5s") == .milliseconds(1500) && parseDuration("soon") == nil)
     }
 }

@@ -27,7 +27,7 @@ struct TasksProgram: Program {
     }
 }
 
-func runTasksProbe(tasks: Int, stubborn: Int, grace: Duration) -> Int32 {
+func runTasksProbe(tasks: Int, stubborn: Int, grace: Duration, spinning: Int = 0) -> Int32 {
     do {
         var options = Daemon<TasksProgram>.Options()
         options.logger = DaemonLogger(level: .info, handler: LogSink { say("log: \($0.message)") })
@@ -51,6 +51,12 @@ func runTasksProbe(tasks: Int, stubborn: Int, grace: Duration) -> Int32 {
                         // Never resumes, whatever cancellation says.
                         await withUnsafeContinuation { (_: UnsafeContinuation<Void, Never>) in }
                         return .ended(-1, cancelled: false)
+                    }
+                }
+                for k in 0..<spinning {
+                    daemon.tasks.run(id: "spinning \(k)") {
+                        // Retries its sleep for ever, cancelled or not.
+                        while true { try? await clock.sleep(for: .seconds(3600)) }
                     }
                 }
                 daemon.tasks.run(id: "hello") { .started }

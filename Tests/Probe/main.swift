@@ -188,7 +188,9 @@ case "maintask":
     say("running")
     exit(try daemon.run())
 case "tasks" where args.count > 4:
-    exit(runTasksProbe(tasks: Int(args[2]) ?? 0, stubborn: Int(args[3]) ?? 0, grace: .milliseconds(Int(args[4]) ?? 0)))
+    exit(runTasksProbe(tasks: Int(args[2]) ?? 0, stubborn: Int(args[3]) ?? 0,
+                       grace: args[4] == "max" ? .seconds(Int64.max) : .milliseconds(Int(args[4]) ?? 0),
+                       spinning: args.count > 5 ? Int(args[5]) ?? 0 : 0))
 case "stress-send" where args.count > 4:
     exit(stressSend(threads: Int(args[2]) ?? 8, messages: Int(args[3]) ?? 20_000, capacity: Int(args[4]) ?? 64))
 case "stress-churn" where args.count > 2:
@@ -200,7 +202,7 @@ case "loop-fd-limit":
     // thrown SystemdError (no trap), for an owned and a borrowed loop.
     exit(loopAtDescriptorLimit())
 default:
-    say("usage: reconcile-probe daemon | stop-at-start | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT | maintask [nodrain] | tasks N STUBBORN GRACE_MS | stress-send THREADS MESSAGES CAPACITY | stress-churn SECONDS | loop-fd-limit")
+    say("usage: reconcile-probe daemon | stop-at-start | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT | maintask [nodrain] | tasks N STUBBORN GRACE_MS|max [SPINNING] | stress-send THREADS MESSAGES CAPACITY | stress-churn SECONDS | loop-fd-limit")
     exit(2)
 }
 

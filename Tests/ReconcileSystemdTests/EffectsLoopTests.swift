@@ -264,6 +264,88 @@ extension SystemdTests {
         }
     }
 
+    /// Issue 19, items 8, 9 and 12: the loop clock after its loop is gone,
+    /// and tasks run before the start.
+    @Suite struct LoopClockLifetime {
+        /// A sleep from another thread on a gone loop's clock fails with
+        /// `LoopError.gone` (it used to never resume).
+        @Test func aSleepFromAnotherThreadOnAGoneLoopFails() throws {
+            var clock: LoopClock?
+            do {
+                let loop = try EventLoop()
+                clock = loop.clock
+            }
+            let outcome = Mutex<String?>(nil)
+            Task.detached { [clock] in
+                do {
+                    try await clock!.sleep(for: .milliseconds(10))
+                    outcome.withLock { $0 = "slept" }
+                } catch {
+                    outcome.withLock { $0 = "\(error)" }
+                }
+            }
+            let deadline = ContinuousClock.now + .seconds(5)
+            while outcome.withLock({ $0 == nil }) && ContinuousClock.now < deadline { usleep(1_000) }
+            #expect(outcome.withLock { $0 } == "\(LoopError.gone)")
+        }
+
+        /// A sleep from the loop's thread on a gone loop's clock fails too,
+        /// and is not served by a new loop on that thread (it used to arm a
+        /// timer through the freed `sd_event *`).
+        @Test func aSleepFromTheLoopThreadOnAGoneLoopFailsAndANewLoopIsUntouched() throws {
+            var old: LoopClock?
+            do {
+                let loop = try EventLoop()
+                old = loop.clock
+            }
+            let loop = try EventLoop()
+            let outcome = Mutex<String?>(nil)
+            let executor = loop.taskExecutor
+            Task(executorPreference: executor) { [old] in
+                do {
+                    try await old!.sleep(for: .milliseconds(10))
+                    outcome.withLock { $0 = "slept" }
+                } catch {
+                    outcome.withLock { $0 = "\(error) on loop \(executor.isOnLoopThread)" }
+                }
+            }
+            #expect(try loop.run(until: { outcome.withLock { $0 != nil } }, timeout: .seconds(5)))
+            #expect(outcome.withLock { $0 } == "\(LoopError.gone) on loop true")
+            // The new loop's own clock works.
+            let slept = Mutex(false)
+            let clock = loop.clock
+            Task(executorPreference: executor) {
+                try? await clock.sleep(for: .milliseconds(10))
+                slept.withLock { $0 = true }
+            }
+            #expect(try loop.run(until: { slept.withLock { $0 } }, timeout: .seconds(5)))
+        }
+
+        /// A `.loop` task run before `start()` runs on the loop once it
+        /// starts (it used to run on the global executor).
+        @Test func aTaskRunBeforeTheStartRunsOnTheLoop() throws {
+            let loop = try EventLoop()
+            let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+            let runtime = Runtime(Work(), driver: driver)
+            defer { runtime.shutdown() }
+            try runtime.send(.want("early", request: 1))
+            for i in 0..<5 {
+                runtime.tasks.run(id: "early \(i)") {
+                    var threads: [UInt] = []
+                    for _ in 0..<8 {
+                        threads.append(CSystemd_thread_id())
+                        await Task.yield()
+                    }
+                    return .done("early", request: i == 0 ? 1 : 0, threads: threads)
+                }
+            }
+            try runtime.start()
+            #expect(try loop.run(until: { runtime.model.results["early"] == 5 }, timeout: .seconds(5)))
+            #expect(runtime.model.taskThreads == [loop.thread])
+            #expect(runtime.model.accepted == ["early"])
+        }
+    }
+
     @Suite struct EffectsLeaks {
         @Test func aLoopGoingAwayWithASleepPendingLeavesNoDescriptor() throws {
             let before = openDescriptors()
@@ -285,6 +367,50 @@ extension SystemdTests {
 
     /// An `AsyncStream` as a subscription on the real loop.
     @Suite struct StreamSubscription {
+        /// A stream whose elements are all buffered (its `next()` never
+        /// suspends) beside a 5 ms timer.
+        struct Burst: Program {
+            struct Model { var got = 0; var ended = false; var ticksDuringBurst = 0 }
+            enum Message { case element, ended, tick }
+            let total: Int
+            let make: @Sendable () -> AsyncStream<Int>
+            func start() -> (Model, [Never]) { (Model(), []) }
+            func update(_ m: inout Model, _ message: Message) -> [Never] {
+                switch message {
+                case .element: m.got += 1
+                case .ended: m.ended = true
+                case .tick: if m.got > 0 && m.got < total { m.ticksDuringBurst += 1 }
+                }
+                return []
+            }
+            func subscriptions(_ m: Model) -> Subscriptions<Message> {
+                Subscriptions {
+                    Subscription.stream(key: "burst", make) { event in
+                        if case .element = event { return .element }
+                        return .ended
+                    }
+                    Subscription.every(.milliseconds(5), key: "tick") { _ in .tick }
+                }
+            }
+        }
+
+        /// A non-suspending burst of 300,000 elements does not starve a
+        /// 5 ms timer: the stream yields to the loop every `yieldEvery`
+        /// elements or `yieldAfter` (issue 19, item 7; it held the loop for
+        /// seconds with no tick).
+        @Test func aNonSuspendingBurstDoesNotStarveATimer() throws {
+            let total = 300_000
+            let (stream, continuation) = AsyncStream<Int>.makeStream(bufferingPolicy: .unbounded)
+            for i in 0..<total { continuation.yield(i) }
+            continuation.finish()
+            let h = try Harness(Burst(total: total, make: { stream }))
+            let started = ContinuousClock.now
+            try h.run(until: { h.runtime.model.ended }, timeout: .seconds(60))
+            let took = ContinuousClock.now - started
+            #expect(h.runtime.model.got == total)
+            #expect(h.runtime.model.ticksDuringBurst > 0, "\(h.runtime.model.ticksDuringBurst) ticks in \(took)")
+        }
+
         struct Streamer: Program {
             struct Model { var on = true; var generation = 0; var got: [String] = []; var threads: Set<UInt> = [] }
             enum Message { case toggle, bump, event(StreamSource<String>.Event) }
@@ -395,6 +521,31 @@ extension SystemdTests {
             #expect(ContinuousClock.now - sent < .seconds(5))
             let notes = notify.receive(until: { $0 == "STOPPING=1" }, timeout: .seconds(2))
             #expect(notes.last == "STOPPING=1")
+        }
+
+        /// A grace of `Int64.max` seconds saturates to "no deadline": the
+        /// tasks are waited for, not abandoned at once (issue 19, item 11).
+        @Test func anEndlessGraceWaitsForTheTasks() throws {
+            let child = try Child(probe, ["tasks", "3", "0", "max"])
+            #expect(child.line() == "running")
+            #expect(child.line(matching: { $0 == "started" }) == "started")
+            child.signal(SIGTERM)
+            #expect(child.line(matching: { $0.hasPrefix("exit") }) == "exit 0 tasks: 3 cancelled, 0 finished, 0 abandoned")
+            #expect(child.wait() == 0)
+        }
+
+        /// A cancelled task retrying its sleep in a loop does not hold the
+        /// loop: the grace ends on time and it is abandoned (issue 19, item 10).
+        @Test func aTaskRetryingACancelledSleepIsAbandonedAtTheDeadline() throws {
+            let child = try Child(probe, ["tasks", "2", "0", "300", "1"])
+            #expect(child.line() == "running")
+            #expect(child.line(matching: { $0 == "started" }) == "started")
+            let sent = ContinuousClock.now
+            child.signal(SIGTERM)
+            #expect(child.line(matching: { $0.hasPrefix("exit") }) == "exit 0 tasks: 2 cancelled, 0 finished, 1 abandoned")
+            #expect(child.wait() == 0)
+            let took = ContinuousClock.now - sent
+            #expect(took >= .milliseconds(300) && took < .seconds(5))
         }
 
         @Test func aTaskIgnoringCancellationIsAbandonedAtTheDeadline() throws {

@@ -51,6 +51,11 @@ extension SystemdTests {
             p.standardOutput = out
             p.standardError = err
             try p.run()
+            // A replay that hangs is killed (by its PID) and fails the test.
+            let pid = p.processIdentifier
+            let watchdog = DispatchWorkItem { if p.isRunning { kill(pid, SIGKILL) } }
+            DispatchQueue.global().asyncAfter(deadline: .now() + 30, execute: watchdog)
+            defer { watchdog.cancel() }
             let o = out.fileHandleForReading.readDataToEndOfFile()
             let e = err.fileHandleForReading.readDataToEndOfFile()
             p.waitUntilExit()
@@ -139,6 +144,44 @@ extension SystemdTests {
             #expect(lines.map { $0 + "\n" }.joined().hasPrefix(rc.out))
         }
 
+        /// `--replay` answers SIGTERM (issue 19, item 3): the loop's
+        /// signal mask is not set for a replay. The replay is held in its
+        /// first write (its stdout is a full pipe), then sent SIGTERM.
+        @Test func replayAnswersSIGTERM() throws {
+            let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+                .appendingPathComponent("IndicatorTests/Transcripts/veth-session.jsonl").path
+            let out = Pipe()
+            let w = out.fileHandleForWriting.fileDescriptor
+            let flags = fcntl(w, F_GETFL)
+            _ = fcntl(w, F_SETFL, flags | O_NONBLOCK)
+            var fill = [UInt8](repeating: 0, count: 4096)
+            while write(w, &fill, fill.count) > 0 {}
+            _ = fcntl(w, F_SETFL, flags)
+            let p = Process()
+            p.executableURL = URL(fileURLWithPath: indicator)
+            p.arguments = ["--replay", fixture]
+            p.standardOutput = out
+            p.standardError = FileHandle.nullDevice
+            try p.run()
+            defer { if p.isRunning { kill(p.processIdentifier, SIGKILL); p.waitUntilExit() } }
+            // Blocked in write(1, ...): system call 1 on fd 1.
+            let deadline = ContinuousClock.now + .seconds(10)
+            var blocked = false
+            while !blocked && p.isRunning && ContinuousClock.now < deadline {
+                let syscall = (try? String(contentsOfFile: "/proc/\(p.processIdentifier)/syscall", encoding: .utf8)) ?? ""
+                blocked = syscall.hasPrefix("1 0x1 ")
+                if !blocked { usleep(5_000) }
+            }
+            #expect(blocked)
+            kill(p.processIdentifier, SIGTERM)
+            let stop = ContinuousClock.now + .seconds(10)
+            while p.isRunning && ContinuousClock.now < stop { usleep(5_000) }
+            #expect(!p.isRunning)
+            if !p.isRunning {
+                #expect(p.terminationReason == .uncaughtSignal && p.terminationStatus == SIGTERM)
+            }
+        }
+
         @Test func badTranscriptsAreOneLineErrorsWithExitThree() throws {
             let dir = try makeTemporaryDirectory()
             defer { removeTree(dir) }
@@ -156,6 +199,11 @@ extension SystemdTests {
                 ("long", Data(repeating: UInt8(ascii: "x"), count: 10 << 20), "transcript line 1 is longer than 1048576 bytes"),
                 ("badline", Data((header + "\n{\"type\":\"message\",\"index\":0}\n").utf8),
                  "transcript line 2 is not a valid record: a message record needs index, round and time_us"),
+                // A plan without an integer round used to spin for ever (issue 19, item 3).
+                ("planround", Data((header + "\n{\"type\":\"plan\"}\n").utf8),
+                 "transcript line 2 is not a valid record: a plan record needs an integer round"),
+                ("planstring", Data((header + "\n{\"type\":\"plan\",\"round\":\"1\"}\n").utf8),
+                 "transcript line 2 is not a valid record: a plan record needs an integer round"),
             ]
             for (name, bytes, message) in cases {
                 let file = dir + "/" + name

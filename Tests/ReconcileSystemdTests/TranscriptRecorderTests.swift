@@ -84,6 +84,37 @@ struct RecordedTimers: Program {
         #expect(firstDifference == nil, "line \(firstDifference ?? 0): \(firstDifference.map { "\(got[$0]) vs \(want[$0])" } ?? "")")
     }
 
+    /// A size limit below the header's size keeps the header (and the
+    /// `end` record) in both modes (issue 19, item 6): the file is a
+    /// transcript that says `size_limit`, never an `end` record alone.
+    @Test func aSizeLimitBelowTheHeaderKeepsTheHeaderInBothModes() throws {
+        let dir = try makeTemporaryDirectory()
+        defer { removeTree(dir) }
+        func loopEncoding<Q: Program>(_ program: Q, _ path: String, _ logger: Logger) -> TranscriptRecorder<Q> {
+            TranscriptRecorder<Q>(path: path, sizeLimit: 10, logger: logger)
+        }
+        for offLoop in [true, false] {
+            let path = dir + "/t-\(offLoop).jsonl"
+            let log = LogSink()
+            let recorder = offLoop ? TranscriptRecorder<Echo>(path: path, sizeLimit: 10, logger: log.logger)
+                                   : loopEncoding(Echo(), path, log.logger)
+            #expect(recorder.encodesOffLoop == offLoop)
+            let runtime = Runtime(Echo(), driver: VirtualDriver())
+            recorder.attach(to: runtime)
+            try runtime.start()
+            try runtime.send(.text("over the limit"))
+            recorder.flush()
+            let deadline = ContinuousClock.now + .seconds(10)
+            while recorder.isRecording && ContinuousClock.now < deadline { usleep(1_000) }
+            #expect(!recorder.isRecording)
+            recorder.finish()
+            let transcript = try Transcript(contentsOf: path)
+            #expect(transcript.program == String(reflecting: Echo.self), "offLoop \(offLoop)")
+            #expect(transcript.endReason == "size_limit", "offLoop \(offLoop)")
+            #expect(transcript.lines.map(\.type) == ["end"], "offLoop \(offLoop)")
+        }
+    }
+
     @Test func sizeLimitStopsRecordingWithOneNoticeAndTheRunGoesOn() throws {
         let dir = try makeTemporaryDirectory()
         defer { removeTree(dir) }

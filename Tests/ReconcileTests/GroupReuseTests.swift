@@ -241,4 +241,81 @@ private struct ThreeGroups: Program {
         #expect(groupNodes(outerSet) == outerFirst)
         #expect(innerNodes[1] == innerNodes[0])
     }
+
+    /// A new second group with the key and input of an existing one is
+    /// given a node of its own, not the first's (issue 19, item 13): under
+    /// `reconcile(building:)` its timer starts and nothing is a duplicate,
+    /// as under `reconcile(_:)`.
+    @Test func aNewSecondOccurrenceOfAKeyIsNotHandedTheFirstsNode() {
+        func set(_ bodies: [String]) -> Subscriptions<Int> {
+            Subscriptions {
+                for b in bodies {
+                    Subscriptions.group("k", 0) { _ in Subscription<Int>.every(.seconds(1), key: b) { _ in 0 } }
+                }
+            }
+        }
+        let r = Reconciler<Int>()
+        var built = Subscriptions<Int>.none
+        r.reconcile(building: { built = set(["first"]); return built })
+        let plan = r.reconcile(building: { built = set(["first", "second"]); return built })
+        #expect(plan == Reconciler<Int>.plan(from: set(["first"]), to: set(["first", "second"])))
+        #expect(plan.duplicates.isEmpty)
+        #expect(plan.steps.count == 1)
+        let nodes = groupNodes(built)
+        #expect(nodes.count == 2 && nodes[0] != nodes[1])
+        // A third, after a group of another key, the same way.
+        let third = r.reconcile(building: { built = set(["first", "second", "third"]); return built })
+        #expect(third.duplicates.isEmpty && third.steps.count == 1)
+    }
+
+    /// `reconcile(building:)` and `reconcile(_:)` plan alike, step by step,
+    /// over random sets of groups whose keys repeat among siblings (nested
+    /// too); each group's body depends on its key, input and occurrence.
+    @Test(arguments: [1, 2, 3, 4, 5] as [UInt64])
+    func bothEntryPointsPlanAlike(seed: UInt64) {
+        var rng = SplitMix64(seed: seed)
+        struct G { var key: Int; var input: Int; var children: [G] }
+        func randomGroups(depth: Int) -> [G] {
+            (0..<Int.random(in: 0...6, using: &rng)).map { _ in
+                G(key: Int.random(in: 0..<3, using: &rng), input: Int.random(in: 0..<3, using: &rng),
+                  children: depth > 0 && Bool.random(using: &rng) ? randomGroups(depth: depth - 1) : [])
+            }
+        }
+        func set(_ groups: [G], path: String) -> Subscriptions<Int> {
+            var seen: [Int: Int] = [:]
+            let named = groups.map { g -> (G, String) in
+                let occurrence = seen[g.key, default: 0]
+                seen[g.key] = occurrence + 1
+                return (g, "\(path)/\(g.key).\(occurrence)")
+            }
+            return Subscriptions {
+                for (g, id) in named {
+                    Subscriptions.group(g.key, g.input) { v in
+                        Subscription<Int>.every(.seconds(Int64(1 + v)), key: id) { _ in 0 }
+                        set(g.children, path: id)
+                    }
+                }
+            }
+        }
+        let building = Reconciler<Int>(), plain = Reconciler<Int>()
+        var groups: [G] = []
+        for step in 0..<400 {
+            if groups.isEmpty || Int.random(in: 0..<4, using: &rng) == 0 {
+                groups = randomGroups(depth: 2)
+            } else {
+                let i = Int.random(in: 0..<groups.count, using: &rng)
+                switch Int.random(in: 0..<4, using: &rng) {
+                case 0: groups.insert(groups[i], at: Int.random(in: 0...groups.count, using: &rng))
+                case 1: groups.remove(at: i)
+                case 2: groups[i].input = Int.random(in: 0..<3, using: &rng)
+                default: groups.swapAt(i, Int.random(in: 0..<groups.count, using: &rng))
+                }
+            }
+            let a = building.reconcile(building: { set(groups, path: "") })
+            let b = plain.reconcile(set(groups, path: ""))
+            #expect(a == b, "seed \(seed) step \(step)")
+            if a != b { return }
+        }
+        #expect(building.activeIDs == plain.activeIDs)
+    }
 }

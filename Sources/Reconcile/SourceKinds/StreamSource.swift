@@ -8,6 +8,11 @@
 ///
 /// The sequence's factory is not compared: a stream subscription is kept as
 /// long as its key is wanted. Put into the key what should restart it.
+///
+/// The work per loop dispatch is bounded: a sequence whose `next()` does not
+/// suspend (a buffered burst) yields to the loop every `yieldEvery` elements
+/// or `yieldAfter` of iterating, whichever comes first, so the loop's other
+/// sources (timers, signals, the watchdog) run during the burst.
 public enum StreamSource<Element: Sendable>: Source, TaskBackedSource {
     /// `stream`, as subscription IDs and logs show the kind.
     public static var name: String { "stream" }
@@ -34,6 +39,11 @@ public enum StreamSource<Element: Sendable>: Source, TaskBackedSource {
 
     /// `.failed(failure)`.
     public static func failed(_ failure: SourceFailure) -> Event { .failed(failure) }
+
+    /// The most elements delivered before the iteration yields to the loop.
+    public static var yieldEvery: Int { StreamPacer.elements }
+    /// The longest the iteration runs before it yields to the loop.
+    public static var yieldAfter: Duration { StreamPacer.interval }
 
     /// Iterates the ticket's sequence in a task on `executor`.
     /// - Parameters:
@@ -70,6 +80,25 @@ public protocol TaskBackedSource: Source {
     static func startTask(_ ticket: SourceTicket, executor: (any TaskExecutor)?) -> () -> Void
 }
 
+/// Bounds a stream's work per loop dispatch: `next()` after each element;
+/// it suspends (`Task.yield`) every `elements` elements or `interval` of
+/// iterating, so a sequence that never suspends cannot hold the loop.
+struct StreamPacer {
+    static let elements = 64
+    static let interval: Duration = .milliseconds(1)
+    private var count = 0
+    private var since = ContinuousClock.now
+
+    mutating func next() async {
+        count += 1
+        // The clock is read every 8 elements (a burst's elements are cheap).
+        guard count >= Self.elements || (count & 7 == 0 && ContinuousClock.now - since >= Self.interval) else { return }
+        await Task.yield()
+        count = 0
+        since = ContinuousClock.now
+    }
+}
+
 /// A loop-thread value carried by a task that runs on the loop's executor.
 /// Only touched from jobs of that executor (the loop thread).
 struct LoopBound<Value>: @unchecked Sendable {
@@ -85,8 +114,10 @@ extension Subscription {
         tag: @escaping (StreamSource<S.Element>.Event) -> Message
     ) -> Subscription where S.Element: Sendable, S: SendableMetatype {
         let configuration = StreamSource<S.Element>.Configuration { emit in
+            var pacer = StreamPacer()
             for try await element in make() {
                 if !emit(element) { return }
+                await pacer.next()
             }
         }
         return Subscription(StreamSource<S.Element>.self, key: key, configuration: configuration, tag: tag)

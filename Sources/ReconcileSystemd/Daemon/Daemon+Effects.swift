@@ -32,13 +32,15 @@ extension Daemon {
         graceHook = hook
         let userdata = Unmanaged.passUnretained(hook).toOpaque()
         var timer: OpaquePointer?
-        let graceUsec = usec(options.shutdownGrace)
-        let r = sd_event_add_time_relative(loop.handle, &timer, CLOCK_MONOTONIC, graceUsec, 1000, { _, _, ud in
+        // An absolute deadline, saturating like every duration (Loop/Usec.swift):
+        // a grace too long to add is "never" (USEC_INFINITY), not EOVERFLOW.
+        let due = usecAdd(loop.now(CLOCK_MONOTONIC), usec(options.shutdownGrace))
+        let r = sd_event_add_time(loop.handle, &timer, CLOCK_MONOTONIC, due, 1000, { _, _, ud in
             Unmanaged<SignalHook>.fromOpaque(ud!).takeUnretainedValue().action(1)
             return 0
         }, userdata)
         guard r >= 0 else {
-            logger.error("shutdown grace timer: \(SystemdError("sd_event_add_time_relative", errno: -r)); not waiting")
+            logger.error("shutdown grace timer: \(SystemdError("sd_event_add_time", errno: -r)); not waiting")
             graceHook = nil
             return false
         }

@@ -346,7 +346,9 @@ final class RecordBatchEncoder<Message, Command>: BatchEncoding, @unchecked Send
             while next < batch.inserts.count && batch.inserts[next].at == i {
                 let insert = batch.inserts[next]
                 next += 1
-                if bytes + insert.bytes.count > sizeLimit { return stop() }
+                // The first line (the header) is kept whatever the limit, as
+                // when the loop encodes: the file stays a transcript.
+                if bytes > 0 && bytes + insert.bytes.count > sizeLimit { return stop() }
                 encoder.output.bytes.append(contentsOf: insert.bytes)
                 bytes += insert.bytes.count
                 lastTime = insert.time

@@ -76,7 +76,7 @@ public final class EventLoop {
     public var taskExecutor: LoopExecutor { executor.taskExecutor }
 
     /// Real monotonic time; sleeps are sd-event timers on this loop.
-    public var clock: LoopClock { LoopClock(SystemdClockSource(loop: handle, executor: executor)) }
+    public var clock: LoopClock { LoopClock(SystemdClockSource(executor: executor)) }
 
     /// Whether the caller is on the loop's thread.
     public var isOnLoopThread: Bool { CSystemd_thread_id() == thread }
@@ -140,6 +140,8 @@ public enum LoopError: Error, Equatable, CustomStringConvertible {
     case alreadyRunning
     /// `run()` was called after the runtime shut down.
     case shutDown
+    /// The loop is gone: a sleep on its clock cannot be armed.
+    case gone
 
     /// One sentence for a log line.
     public var description: String {
@@ -147,6 +149,7 @@ public enum LoopError: Error, Equatable, CustomStringConvertible {
         case .borrowed: "the loop is borrowed: its owner runs and exits it"
         case .alreadyRunning: "the daemon is already running"
         case .shutDown: "the daemon has shut down and cannot run again"
+        case .gone: "the loop is gone: its clock cannot sleep"
         }
     }
 }

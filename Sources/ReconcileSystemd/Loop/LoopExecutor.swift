@@ -100,6 +100,7 @@ public final class LoopExecutor: SerialExecutor, TaskExecutor {
             case .serialJob(let job): job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: task)
             case .taskJob(let job): job.runSynchronously(on: task)
             case .call(let body): body()
+            case .arm(let sleeper, let due): sleeper.arm(queue, due)
             }
         }
     }
@@ -131,12 +132,22 @@ final class LoopQueue: Sendable {
         case serialJob(UnownedJob)
         case taskJob(UnownedJob)
         case call(@Sendable () -> Void)
+        /// A clock sleep to arm on the loop's thread (failed, not dropped,
+        /// if the loop goes away first).
+        case arm(Sleeper, UInt64)
     }
 
     private struct State: @unchecked Sendable {
         var work: [Work] = []
         var closed = false
     }
+
+    /// The `sd_event *` sleeps arm their timers through, until the queue
+    /// closes (loop thread only; the loop closes the queue before it frees
+    /// the `sd_event`, on that thread). A clock keeps the queue, never a
+    /// bare handle: after the loop is gone it finds nil here, not a freed
+    /// loop (nor a new one at the same address).
+    nonisolated(unsafe) private var loopHandle: OpaquePointer?
 
     let thread: UInt
     private let channel: WakeChannel
@@ -145,12 +156,18 @@ final class LoopQueue: Sendable {
     /// Clock sleeps with an armed timer on this loop (closed with it).
     let sleepers = Mutex<[ObjectIdentifier: Sleeper]>([:])
 
-    init(thread: UInt, channel: WakeChannel) {
+    init(thread: UInt, channel: WakeChannel, loop: OpaquePointer) {
         self.thread = thread
         self.channel = channel
+        loopHandle = loop
     }
 
-    func push(_ work: Work) {
+    /// The loop to arm a timer on, or nil once the queue closed (loop thread).
+    var armingHandle: OpaquePointer? { state.withLock { $0.closed } ? nil : loopHandle }
+
+    /// Queues `work`; false (and counted as dropped) once the queue closed.
+    @discardableResult
+    func push(_ work: Work) -> Bool {
         let wake: Bool? = state.withLock { q in
             if q.closed { return nil }
             q.work.append(work)
@@ -161,6 +178,7 @@ final class LoopQueue: Sendable {
         case true?: channel.wake()
         case false?: break
         }
+        return wake != nil
     }
 
     func takeAll() -> [Work] {
@@ -174,13 +192,16 @@ final class LoopQueue: Sendable {
     func close() -> Int {
         let left = state.withLock { q in
             q.closed = true
-            let n = q.work.count
+            let work = q.work
             q.work = []
-            return n
+            return work
         }
-        dropped.add(left, ordering: .relaxed)
+        loopHandle = nil
+        dropped.add(left.count, ordering: .relaxed)
         channel.close()
-        return left
+        // A sleep waiting to be armed fails: its task resumes with the error.
+        for case .arm(let sleeper, _) in left { sleeper.resume(throwing: LoopError.gone) }
+        return left.count
     }
 }
 
@@ -194,7 +215,7 @@ final class LoopExecutorSource {
     init(loop: OpaquePointer, thread: UInt) throws(SystemdError) {
         let efd = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
         if efd < 0 { throw SystemdError("eventfd", errno: Glibc.errno) }
-        let executor = LoopExecutor(queue: LoopQueue(thread: thread, channel: WakeChannel(fd: efd)))
+        let executor = LoopExecutor(queue: LoopQueue(thread: thread, channel: WakeChannel(fd: efd), loop: loop))
         var s: OpaquePointer?
         let r = sd_event_add_io(loop, &s, efd, UInt32(EPOLLIN.rawValue), { _, fd, _, ud in
             var value: UInt64 = 0
@@ -224,12 +245,14 @@ final class LoopExecutorSource {
 
 /// Real monotonic time on the sd-event loop: `now` is `CLOCK_MONOTONIC`,
 /// a sleep is a one-shot sd-event timer armed on the loop's thread.
+///
+/// It keeps (retains) the executor and through it the queue that holds the
+/// loop's handle while the loop lives: a sleep after the loop is gone, from
+/// any thread, fails with `LoopError.gone`.
 final class SystemdClockSource: LoopClockSource {
     private let executor: LoopExecutor
-    private let loop: LoopBoundHandle
 
-    init(loop: OpaquePointer, executor: LoopExecutor) {
-        self.loop = LoopBoundHandle(loop)
+    init(executor: LoopExecutor) {
         self.executor = executor
     }
 
@@ -242,15 +265,15 @@ final class SystemdClockSource: LoopClockSource {
     func sleep(until deadline: Duration) async throws {
         let sleeper = Sleeper()
         sleeper.executor = executor
-        let loop = self.loop
         let executor = self.executor
+        let queue = executor.queue
         // Rounded up to whole microseconds: never wakes before the deadline.
         let due = usec(deadline + .nanoseconds(999))
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (c: CheckedContinuation<Void, any Error>) in
                 guard sleeper.set(c) else { return }
-                if executor.isOnLoopThread { sleeper.arm(loop.handle, due) } else {
-                    executor.execute { sleeper.arm(loop.handle, due) }
+                if executor.isOnLoopThread { sleeper.arm(queue, due) } else if !queue.push(.arm(sleeper, due)) {
+                    sleeper.resume(throwing: LoopError.gone)
                 }
             }
         } onCancel: {
@@ -258,13 +281,6 @@ final class SystemdClockSource: LoopClockSource {
             executor.execute { sleeper.disarm() }
         }
     }
-}
-
-/// An `sd_event *` a sendable value carries to the loop's thread, where alone
-/// it is used.
-struct LoopBoundHandle: @unchecked Sendable {
-    let handle: OpaquePointer
-    init(_ handle: OpaquePointer) { self.handle = handle }
 }
 
 /// One pending sleep: resumed exactly once (timer or cancellation).
@@ -300,9 +316,14 @@ final class Sleeper: @unchecked Sendable {
         if let error { c?.resume(throwing: error) } else { c?.resume() }
     }
 
-    /// Loop thread.
-    func arm(_ loop: OpaquePointer, _ usec: UInt64) {
+    /// Loop thread: arms the timer on `queue`'s loop, or fails the sleep
+    /// with `LoopError.gone` when that loop is gone.
+    func arm(_ queue: LoopQueue, _ usec: UInt64) {
         if state.withLock({ $0.done }) { return }
+        guard let loop = queue.armingHandle else {
+            resume(throwing: LoopError.gone)
+            return
+        }
         var s: OpaquePointer?
         let r = sd_event_add_time(loop, &s, CLOCK_MONOTONIC, usec, 1, { _, _, ud in
             let sleeper = Unmanaged<Sleeper>.fromOpaque(ud!).takeUnretainedValue()
