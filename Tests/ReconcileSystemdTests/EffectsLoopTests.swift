@@ -325,7 +325,7 @@ extension SystemdTests {
         /// starts (it used to run on the global executor).
         @Test func aTaskRunBeforeTheStartRunsOnTheLoop() throws {
             let loop = try EventLoop()
-            let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+            let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
             let runtime = Runtime(Work(), driver: driver)
             defer { runtime.shutdown() }
             try runtime.send(.want("early", request: 1))

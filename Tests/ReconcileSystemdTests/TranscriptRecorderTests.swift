@@ -90,12 +90,12 @@ struct RecordedTimers: Program {
     @Test func aSizeLimitBelowTheHeaderKeepsTheHeaderInBothModes() throws {
         let dir = try makeTemporaryDirectory()
         defer { removeTree(dir) }
-        func loopEncoding<Q: Program>(_ program: Q, _ path: String, _ logger: Logger) -> TranscriptRecorder<Q> {
+        func loopEncoding<Q: Program>(_ program: Q, _ path: String, _ logger: DaemonLogger) -> TranscriptRecorder<Q> {
             TranscriptRecorder<Q>(path: path, sizeLimit: 10, logger: logger)
         }
         for offLoop in [true, false] {
             let path = dir + "/t-\(offLoop).jsonl"
-            let log = LogSink()
+            let log = RecordedLog()
             let recorder = offLoop ? TranscriptRecorder<Echo>(path: path, sizeLimit: 10, logger: log.logger)
                                    : loopEncoding(Echo(), path, log.logger)
             #expect(recorder.encodesOffLoop == offLoop)
