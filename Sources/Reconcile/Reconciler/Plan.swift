@@ -104,14 +104,16 @@ public struct Plan: Equatable, CustomStringConvertible {
 /// A plan as the reconciler records it: the entries concerned and the
 /// configuration boxes at the time (an entry's box changes on a later retune).
 ///
-/// The runtime reads the entries in place (`forEach`): each list's entry is
-/// its elements' first field, a restart's new entry the second.
+/// The runtime reads the entries in place (`PlanRecords+Layout.swift`).
 struct PlanRecords {
     /// Never nil (optional so the reconciler's retired list can share it).
     var stops: [ActiveSource?] = []
-    var restarts: [(old: ActiveSource, new: ActiveSource, to: HashableBox)] = []
+    var restarts: [Restart] = []
     var retunes: [(source: ActiveSource, from: HashableBox, to: HashableBox)] = []
-    var starts: [(source: ActiveSource, configuration: HashableBox)] = []
+    var starts: [Start] = []
+
+    typealias Restart = (old: ActiveSource, new: ActiveSource, to: HashableBox)
+    typealias Start = (source: ActiveSource, configuration: HashableBox)
 
     var isEmpty: Bool { stops.isEmpty && restarts.isEmpty && retunes.isEmpty && starts.isEmpty }
 
@@ -123,39 +125,5 @@ struct PlanRecords {
         for r in retunes { steps.append(.retune(r.source.id, from: r.from.hashable, to: r.to.hashable)) }
         for s in starts { steps.append(.start(s.source.id, s.configuration.hashable)) }
         return steps
-    }
-}
-
-extension PlanRecords {
-    /// Calls `body` with the entry at byte `offset` of each element of
-    /// `list`, in order, unretained: the records hold every entry for the
-    /// duration, so executing a plan costs no reference counting per step.
-    @inline(__always)
-    static func forEach<Element>(_ list: [Element], offset: Int = 0, _ body: (ActiveSource) -> Void) {
-        list.withUnsafeBufferPointer { buffer in
-            guard let base = buffer.baseAddress else { return }
-            let raw = UnsafeRawPointer(base)
-            for i in 0..<buffer.count {
-                raw.load(fromByteOffset: i &* MemoryLayout<Element>.stride &+ offset, as: Unmanaged<ActiveSource>.self)
-                    ._withUnsafeGuaranteedRef(body)
-            }
-        }
-    }
-
-    /// Calls `body` with each start record's entry and configuration box,
-    /// in order, unretained (read in place, as `forEach`).
-    @inline(__always)
-    static func forEachStart(_ starts: [(source: ActiveSource, configuration: HashableBox)],
-                             _ body: (ActiveSource, Unmanaged<HashableBox>) -> Void) {
-        typealias Start = (source: ActiveSource, configuration: HashableBox)
-        starts.withUnsafeBufferPointer { buffer in
-            guard let base = buffer.baseAddress else { return }
-            let raw = UnsafeRawPointer(base)
-            for i in 0..<buffer.count {
-                let at = i &* MemoryLayout<Start>.stride
-                let box = raw.load(fromByteOffset: at &+ MemoryLayout<ActiveSource>.stride, as: Unmanaged<HashableBox>.self)
-                raw.load(fromByteOffset: at, as: Unmanaged<ActiveSource>.self)._withUnsafeGuaranteedRef { body($0, box) }
-            }
-        }
     }
 }

@@ -269,9 +269,9 @@ public final class Runtime<P: Program>: DriverHost {
             stats.starts += actions.restarts.count + actions.starts.count
             let driver = self.driver
             PlanRecords.forEach(actions.stops) { stop($0) }
-            PlanRecords.forEach(actions.restarts) { stop($0) }    // .old
+            PlanRecords.forEach(actions.restarts) { stop($0) }    // each restart's old entry
             for r in actions.retunes { driver.retune(r.source, from: r.from.hashable) }
-            PlanRecords.forEach(actions.restarts, offset: MemoryLayout<ActiveSource>.stride) { driver.start($0) }    // .new
+            PlanRecords.forEach(actions.restarts, offset: PlanRecords.restartNewOffset) { driver.start($0) }
             PlanRecords.forEachStart(actions.starts) { source, box in
                 _ = box.retain()    // the plan's reference (deferred by the reconcile)
                 driver.start(source)

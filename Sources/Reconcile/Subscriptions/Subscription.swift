@@ -1,0 +1,93 @@
+/// One ongoing source a model wants: identity, configuration and tagger.
+public struct Subscription<Message> {
+    // The only stored property: `Subscription<M>` has the layout of
+    // `SubscriptionCore` whatever `M` is, so the reconciler reads a desired
+    // set as `SubscriptionCore` values without specialising on `Message`.
+    @usableFromInline let core: SubscriptionCore
+
+    /// The stable identity (kind + key).
+    public var id: SubscriptionID { core.id }
+    /// The source's configuration, type-erased (`Source.Configuration`).
+    public var configuration: AnyHashable { core.configurationBox.hashable }
+    @usableFromInline var configurationBox: HashableBox { core.configurationBox }
+    @usableFromInline var source: any Source.Type { core.id.kind.source }
+    @usableFromInline var tagger: Tagger<Message> { unsafeDowncast(core.tagger, to: Tagger<Message>.self) }
+
+    /// A subscription to `source` keyed by `key`, configured by `configuration`,
+    /// whose events become messages through `tag`.
+    public init<S: Source, Key: Hashable & Sendable>(
+        _ source: S.Type, key: Key, configuration: S.Configuration,
+        tag: @escaping (S.Event) -> Message
+    ) {
+        core = SubscriptionCore(id: SubscriptionID(source, key: key),
+                                configurationBox: TypedHashableBox(configuration),
+                                tagger: SourceTagger<S, Message>(tag))
+    }
+
+    @usableFromInline init(id: SubscriptionID, configurationBox: HashableBox, tagger: Tagger<Message>) {
+        core = SubscriptionCore(id: id, configurationBox: configurationBox, tagger: tagger)
+    }
+
+    /// The same subscription with its messages mapped by `transform`, for
+    /// embedding a child program's subscriptions in a parent's.
+    public func map<Other>(_ transform: @escaping (Message) -> Other) -> Subscription<Other> {
+        Subscription<Other>(id: id, configurationBox: configurationBox, tagger: MappedTagger(tagger, transform))
+    }
+
+    /// The message this subscription's tagger makes of `event`, or `nil` when
+    /// `event` is not of the source's event type.
+    public func message(for event: Any) -> Message? { tagger.tag(event) }
+
+    /// The message this subscription's tagger makes of a failure event.
+    public func message(for failure: SourceFailure) -> Message { tagger.fail(failure) }
+}
+
+/// A subscription without its message type: what the reconciler works on.
+@usableFromInline struct SubscriptionCore {
+    @usableFromInline let id: SubscriptionID
+    @usableFromInline let configurationBox: HashableBox
+    @usableFromInline let tagger: TaggerBase
+
+    @usableFromInline init(id: SubscriptionID, configurationBox: HashableBox, tagger: TaggerBase) {
+        self.id = id
+        self.configurationBox = configurationBox
+        self.tagger = tagger
+    }
+}
+
+/// A tagger of any message type: one object per subscription, so refreshing
+/// it on a kept subscription is one reference store.
+@usableFromInline class TaggerBase {
+    /// The message for `event`, as `Any` (used on routes through groups).
+    func tagAny(_ event: Any) -> Any? { fatalError("TaggerBase.tagAny: abstract") }
+    /// The message for `failure`, as `Any`.
+    func failAny(_ failure: SourceFailure) -> Any { fatalError("TaggerBase.failAny: abstract") }
+}
+
+/// Source event (or failure) to `Message`.
+@usableFromInline class Tagger<Message>: TaggerBase {
+    func tag(_ event: Any) -> Message? { fatalError("Tagger.tag: abstract") }
+    func fail(_ failure: SourceFailure) -> Message { fatalError("Tagger.fail: abstract") }
+    override func tagAny(_ event: Any) -> Any? { tag(event).map { $0 as Any } }
+    override func failAny(_ failure: SourceFailure) -> Any { fail(failure) }
+}
+
+/// The tagger a subscription is made with: the program's closure.
+final class SourceTagger<S: Source, Message>: Tagger<Message> {
+    let body: (S.Event) -> Message
+    init(_ body: @escaping (S.Event) -> Message) { self.body = body }
+    override func tag(_ event: Any) -> Message? { (event as? S.Event).map(body) }
+    override func fail(_ failure: SourceFailure) -> Message { body(S.failed(failure)) }
+}
+
+/// A tagger whose messages are mapped (`Subscription.map`).
+final class MappedTagger<Inner, Message>: Tagger<Message> {
+    let inner: Tagger<Inner>
+    let transform: (Inner) -> Message
+    init(_ inner: Tagger<Inner>, _ transform: @escaping (Inner) -> Message) {
+        self.inner = inner
+        self.transform = transform
+    }
+    override func tag(_ event: Any) -> Message? { inner.tag(event).map(transform) }
+    override func fail(_ failure: SourceFailure) -> Message { transform(inner.fail(failure)) }
+}

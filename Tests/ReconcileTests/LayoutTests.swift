@@ -1,0 +1,64 @@
+import Testing
+@testable import Reconcile
+
+/// The layout assumptions of the engine's two unsafe tricks
+/// (`Reconciler/Erasure.swift`, `Reconciler/PlanRecords+Layout.swift`),
+/// checked so that a change that breaks them fails here, not in a daemon.
+@Suite struct LayoutTests {
+    struct Large { var a: (Int, Int, Int, Int, Int, Int, Int, Int); var s: String }
+    enum Generic<T> { case some(T), none }
+    final class Object {}
+    enum Empty {}
+
+    @Test func aSubscriptionOfAnyMessageTypeIsLaidOutAsTheWalkReadsIt() {
+        #expect(ReconcileEngine.layoutMatches(Int.self))
+        #expect(ReconcileEngine.layoutMatches(String.self))
+        #expect(ReconcileEngine.layoutMatches(Large.self))
+        #expect(ReconcileEngine.layoutMatches(Generic<Large>.self))
+        #expect(ReconcileEngine.layoutMatches(Object.self))
+        #expect(ReconcileEngine.layoutMatches(Empty.self))
+        #expect(ReconcileEngine.layoutMatches(((Int) -> String).self))
+        #expect(ReconcileEngine.layoutMatches((any Sendable).self))
+    }
+
+    /// A source whose every change restarts (no retune).
+    enum Fixed: Source {
+        typealias Configuration = Int
+        typealias Event = Int
+        static let name = "fixed"
+        static func failed(_ failure: SourceFailure) -> Int { -1 }
+    }
+
+    func set(_ configs: [String: Int]) -> Subscriptions<Large> {
+        Subscriptions(configs.sorted { $0.key < $1.key }.map { key, config in
+            Subscription(Fixed.self, key: key, configuration: config) { _ in Large(a: (0, 0, 0, 0, 0, 0, 0, 0), s: "") }
+        })
+    }
+
+    @Test func planRecordsAreReadInPlaceAtTheirFieldsOffsets() {
+        let r = Reconciler<Large>()
+        let first = r.reconcile(set(["a": 1, "b": 1, "c": 1]))
+        var starts: [(ObjectIdentifier, ObjectIdentifier)] = []
+        PlanRecords.forEachStart(first.records.starts) { e, box in
+            starts.append((ObjectIdentifier(e), ObjectIdentifier(box.takeUnretainedValue())))
+        }
+        #expect(starts.count == 3)
+        #expect(starts.map(\.0) == first.records.starts.map { ObjectIdentifier($0.source) })
+        #expect(starts.map(\.1) == first.records.starts.map { ObjectIdentifier($0.configuration) })
+
+        let second = r.reconcile(set(["a": 2, "b": 2, "c": 1]))
+        #expect(second.records.restarts.count == 2)
+        var old: [ObjectIdentifier] = [], new: [ObjectIdentifier] = []
+        PlanRecords.forEach(second.records.restarts) { old.append(ObjectIdentifier($0)) }
+        PlanRecords.forEach(second.records.restarts, offset: PlanRecords.restartNewOffset) { new.append(ObjectIdentifier($0)) }
+        #expect(old == second.records.restarts.map { ObjectIdentifier($0.old) })
+        #expect(new == second.records.restarts.map { ObjectIdentifier($0.new) })
+        #expect(old != new)
+
+        let third = r.reconcile(set([:]))
+        var stopped: [ObjectIdentifier] = []
+        PlanRecords.forEach(third.records.stops) { stopped.append(ObjectIdentifier($0)) }
+        #expect(stopped == third.records.stops.map { ObjectIdentifier($0!) })
+        #expect(stopped.count == 3)
+    }
+}
