@@ -2,7 +2,7 @@
 SWIFT ?= swift
 SWIFTFLAGS ?= -Xswiftc -warnings-as-errors
 
-.PHONY: deps build test demo demo-netns bench clean fuzz fuzz-replay docs sanitize stress
+.PHONY: deps build test demo demo-netns bench clean fuzz fuzz-replay docs sanitize stress check-invariants
 
 deps:
 	@./scripts/ensure-deps.sh
@@ -15,6 +15,16 @@ test: deps
 	$(SWIFT) build --build-tests $(SWIFTFLAGS)
 	timeout 1500 $(SWIFT) test --skip-build --disable-xctest
 	@$(MAKE) --no-print-directory fuzz-replay
+
+# The reconciler's invariant checks (Sources/Reconcile/Reconciler/Invariants.swift)
+# compiled in, after every reconcile, over the suites that drive the engine
+# hardest (differential, property, groups, group reuse, planner, layout), in
+# a build directory of its own. CI runs it after `make test`.
+INVARIANT_SUITES = InvariantChecksTests|DifferentialTests|PropertyTests|GroupTests|GroupReuseTests|PlannerTests|LayoutTests|TicketReuseTests|DebounceTests|RuntimeTests
+check-invariants: deps
+	RECONCILE_CHECK_INVARIANTS=1 $(SWIFT) build --build-tests --scratch-path .build/invariants $(SWIFTFLAGS)
+	RECONCILE_CHECK_INVARIANTS=1 timeout 900 $(SWIFT) test --skip-build --disable-xctest --scratch-path .build/invariants \
+		--filter '$(INVARIANT_SUITES)'
 
 # Every test under ThreadSanitizer, then under AddressSanitizer, each in its
 # own build directory (the debug build is left alone). Any report fails the

@@ -1,6 +1,13 @@
 // swift-tools-version:6.0
 import PackageDescription
 
+import Foundation
+
+/// `RECONCILE_CHECK_INVARIANTS=1 swift build` compiles the reconciler's
+/// invariant checks in (`make check-invariants`); off by default.
+let checks: [SwiftSetting] = ProcessInfo.processInfo.environment["RECONCILE_CHECK_INVARIANTS"] == "1"
+    ? [.define("RECONCILE_CHECK_INVARIANTS")] : []
+
 let strict: [SwiftSetting] = [
     .swiftLanguageMode(.v6),
 ]
@@ -15,7 +22,7 @@ let package = Package(
         .library(name: "ReconcileReplay", targets: ["ReconcileReplay"]),
     ],
     targets: [
-        .target(name: "Reconcile", swiftSettings: strict),
+        .target(name: "Reconcile", swiftSettings: strict + checks),
         // The Swift Testing helpers; re-exports ReconcileReplay.
         .target(name: "ReconcileTesting", dependencies: ["Reconcile", "ReconcileReplay"], swiftSettings: strict),
         // The virtual driver, transcript reading and replay, without Swift
@@ -35,7 +42,9 @@ let package = Package(
         .executableTarget(name: "reconcile-bench",
                           dependencies: ["Reconcile", "ReconcileTesting", "ReconcileSystemd", "CSystemd", "CMallocCounter"],
                           path: "Benchmarks/reconcile-bench", swiftSettings: strict),
-        .testTarget(name: "ReconcileSystemdTests", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd", "IndicatorCore", "ReconcileTesting"],
+        // What the test targets share (one seeded generator).
+        .target(name: "TestSupport", path: "Tests/Support", swiftSettings: strict),
+        .testTarget(name: "ReconcileSystemdTests", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd", "IndicatorCore", "ReconcileTesting", "TestSupport"],
                     swiftSettings: strict),
         // The connectivity indicator: its pure program (tested with the
         // virtual driver) and the executable that runs it.
@@ -44,7 +53,7 @@ let package = Package(
                           swiftSettings: strict),
         .testTarget(name: "IndicatorTests", dependencies: ["IndicatorCore", "Reconcile", "ReconcileTesting"],
                     exclude: ["Transcripts"], swiftSettings: strict),
-        .testTarget(name: "ReconcileTests", dependencies: ["Reconcile", "ReconcileTesting"], swiftSettings: strict),
-        .testTarget(name: "ReconcileTestingTests", dependencies: ["Reconcile", "ReconcileTesting", "ReconcileTranscript"], swiftSettings: strict),
+        .testTarget(name: "ReconcileTests", dependencies: ["Reconcile", "ReconcileTesting", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "ReconcileTestingTests", dependencies: ["Reconcile", "ReconcileTesting", "ReconcileTranscript", "TestSupport"], swiftSettings: strict),
     ]
 )

@@ -1,4 +1,5 @@
 @testable import Reconcile
+import TestSupport
 import ReconcileTesting
 import Testing
 

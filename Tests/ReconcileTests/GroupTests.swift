@@ -1,3 +1,4 @@
+import TestSupport
 import Reconcile
 import ReconcileTesting
 import Testing

@@ -1,3 +1,5 @@
+import Glibc
+import TestSupport
 import Testing
 @testable import Reconcile
 
@@ -60,5 +62,24 @@ import Testing
         PlanRecords.forEach(third.records.stops) { stopped.append(ObjectIdentifier($0)) }
         #expect(stopped == third.records.stops.map { ObjectIdentifier($0!) })
         #expect(stopped.count == 3)
+    }
+}
+
+/// `make check-invariants` runs the engine's suites with the checks compiled
+/// in: this fails if the flag did not reach the build.
+@Suite struct InvariantChecksTests {
+    @Test func theChecksAreCompiledInWhenAsked() {
+        let asked = getenv("RECONCILE_CHECK_INVARIANTS").map { String(cString: $0) } == "1"
+        #expect(ReconcileEngine.checksInvariants == asked)
+    }
+
+    @Test func theEngineAndTableHoldTheirInvariantsAfterChurn() {
+        let r = Reconciler<Int>()
+        var rng = SplitMix64(seed: 18)
+        for _ in 0..<200 {
+            let keys = (0..<Int.random(in: 0..<64, using: &rng)).map { _ in Int.random(in: 0..<100, using: &rng) }
+            r.reconcile(Subscriptions(keys.map { k in Subscription.every(.seconds(1 + k % 3), key: k) { _ in k } }))
+            r.engine._checkInvariants()
+        }
     }
 }

@@ -163,3 +163,24 @@ final class EntryTable {
         count = 0
     }
 }
+
+extension EntryTable {
+    /// Traps when the table is inconsistent: the count, each slot's tag, and
+    /// each entry reachable from its home slot (no hole on its probe path).
+    func _checkInvariants() {
+        var occupied = 0
+        for i in 0..<capacity where tags[i] != 0 {
+            occupied += 1
+            guard let e = slots[i] else { preconditionFailure("slot \(i) is tagged but empty") }
+            precondition(tags[i] == Self.tag(e.id.cachedHash), "slot \(i) has another entry's tag")
+            var j = e.id.cachedHash & mask
+            while j != i {
+                precondition(tags[j] != 0, "\(e.id) lies beyond a hole in its probe path")
+                j = (j &+ 1) & mask
+            }
+        }
+        for i in 0..<capacity where tags[i] == 0 { precondition(slots[i] == nil, "slot \(i) is untagged but holds an entry") }
+        precondition(occupied == count, "\(occupied) slots occupied, count \(count)")
+        precondition(count * 4 <= capacity * 3, "load above 3/4")
+    }
+}

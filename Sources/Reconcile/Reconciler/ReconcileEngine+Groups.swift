@@ -4,11 +4,11 @@ extension ReconcileEngine {
     // Borrowed: the set holds the node for the walk, so the common skip
     // costs no reference counting (only `setNode` takes a reference).
     func walkGroup(_ node: borrowing GroupNode<Erased>) {
-        let compared = skipInPlace(node)
-        if compared == Self.skipped { return }
+        let placement = skipInPlace(node)
+        if case .skipped = placement { return }
         let parent = current
         var found: GroupMemo?
-        var match = 0
+        var match = GroupMatch.otherKey
         // Positional first: groups usually come in the same order, and a
         // group in its place is compared (key and input, typed) in one call
         // without hashing its key.
@@ -16,8 +16,8 @@ extension ReconcileEngine {
             let m = parent.childOrder[parent.childCursor].takeUnretainedValue()
             if let last = m.node, m.occurrence == 0, m.walkEpoch != epoch {
                 // The same memo `skipInPlace` looked at: its comparison holds.
-                match = compared >= 0 ? compared : node.match(last)
-                if match != 0 {
+                if case .compared(let m) = placement { match = m } else { match = node.match(last) }
+                if match != .otherKey {
                     found = m
                     parent.childCursor += 1
                 }
@@ -31,7 +31,7 @@ extension ReconcileEngine {
                 found = parent.children[key]
             }
             if let m = found {
-                match = m.node.map { node.match($0) } ?? 1
+                match = m.node.map { node.match($0) } ?? .sameKey
                 // The groups after it are compared from its place on (as
                 // the entries' cursor does), not from the one it moved from.
                 if let i = parent.lastPosition(of: m) { parent.childCursor = i + 1 }
@@ -44,7 +44,7 @@ extension ReconcileEngine {
         let memo = found!
         placeChild(.passUnretained(memo), in: parent)
         if memo.forward != nil || !forwards.isEmpty { memo.forward = composedForward() }
-        let same = match == 2 && memo.rebuildEpoch != epoch && memo.subtreeDuplicates == 0
+        let same = match == .same && memo.rebuildEpoch != epoch && memo.subtreeDuplicates == 0
         memo.walkEpoch = epoch
         if same && !verifiesGroups {
             memo.skipEpoch = epoch
@@ -67,38 +67,45 @@ extension ReconcileEngine {
         }
     }
 
-    /// `skipInPlace`'s answer when it skipped the group.
-    static let skipped = 3
+    /// What `skipInPlace` did with a group.
+    enum Placement {
+        /// Not compared: verifying or mapping, no group in its place, or that
+        /// one cannot be skipped whatever its input (see `skipInPlace`).
+        case notCompared
+        /// Compared with the group in its place, not skipped.
+        case compared(GroupMatch)
+        /// Unchanged and skipped in place.
+        case skipped
+    }
 
     /// The common case, without reference counting: the group in its
     /// place among its parent's, with the same key and an equal input, no
-    /// message mapping and nothing that forces a build. Skips it and
-    /// returns `skipped`; otherwise changes nothing and returns how the
-    /// group compared with the one in its place (`GroupNode.match`), or -1
-    /// when it was not compared.
+    /// message mapping and nothing that forces a build. Skips it
+    /// (`.skipped`); otherwise changes nothing and says how the group
+    /// compared with the one in its place, if it was compared.
     @inline(__always)
-    func skipInPlace(_ node: borrowing GroupNode<Erased>) -> Int {
-        guard !verifiesGroups && !mapping else { return -1 }
+    func skipInPlace(_ node: borrowing GroupNode<Erased>) -> Placement {
+        guard !verifiesGroups && !mapping else { return .notCompared }
         let epoch = self.epoch
-        return Unmanaged.passUnretained(current)._withUnsafeGuaranteedRef { parent -> Int in
+        return Unmanaged.passUnretained(current)._withUnsafeGuaranteedRef { parent -> Placement in
             let i = parent.childCursor
-            guard i < parent.childOrder.count else { return -1 }
+            guard i < parent.childOrder.count else { return .notCompared }
             let u = parent.childOrder[i]
-            let match = u._withUnsafeGuaranteedRef { m -> Int in
+            let placement = u._withUnsafeGuaranteedRef { m -> Placement in
                 guard m.walkEpoch != epoch, m.occurrence == 0, m.forward == nil, m.rebuildEpoch != epoch,
                       m.subtreeDuplicates == 0, let last = m.nodeRef
-                else { return -1 }
+                else { return .notCompared }
                 let match = last._withUnsafeGuaranteedRef { node.match($0) }
-                guard match == 2 else { return match }
+                guard match == .same else { return .compared(match) }
                 m.walkEpoch = epoch
                 m.skipEpoch = epoch
                 kept += m.subtreeCount
-                return Self.skipped
+                return .skipped
             }
-            guard match == Self.skipped else { return match }
+            guard case .skipped = placement else { return placement }
             parent.childCursor = i + 1
             placeChild(u, in: parent)
-            return match
+            return placement
         }
     }
 

@@ -109,6 +109,9 @@ final class ReconcileEngine {
             lastStarts = records.starts.count
             if !deferringBoxRetains { PlanRecords.forEachStart(records.starts) { _, box in _ = box.retain() } }
         }
+        #if RECONCILE_CHECK_INVARIANTS
+        _checkInvariants()
+        #endif
         var plan = Plan(records: records, kept: kept, duplicates: duplicates)
         plan.groupsNotPure = notPure
         records = PlanRecords()

@@ -1,4 +1,14 @@
-/// A group's key as the reconciler looks it up: the node that carries it
+//// How a group compares with a group node of the last reconcile.
+@usableFromInline enum GroupMatch: UInt8 {
+    /// Another key: not this group.
+    case otherKey
+    /// The same key and another input: this group, to be built again.
+    case sameKey
+    /// The same key and an equal input: this group, which may be skipped.
+    case same
+}
+
+// A group's key as the reconciler looks it up: the node that carries it
 /// (typed comparison, no boxing), its cached hash, and which occurrence of
 /// that key among its siblings it is.
 struct GroupKey: Hashable {
@@ -28,10 +38,9 @@ struct GroupKey: Hashable {
     /// The key with its hash (set by the typed subclass; hashed only when
     /// asked: a group found in its place needs no hash).
     var key: GroupKey { fatalError("GroupNode.key: abstract") }
-    /// How `last` (a node of the last reconcile) compares with this one:
-    /// 0 another key, 1 the same key, 2 the same key and an equal input
-    /// (the group may be skipped). One call on the positional path.
-    func match(_ last: GroupIdentity) -> Int { fatalError("GroupNode.match: abstract") }
+    /// How `last` (a node of the last reconcile) compares with this one.
+    /// One call on the positional path.
+    func match(_ last: GroupIdentity) -> GroupMatch { fatalError("GroupNode.match: abstract") }
     /// The group's subscriptions, built now.
     func build() -> Subscriptions<Message> { fatalError("GroupNode.build: abstract") }
 
@@ -42,7 +51,7 @@ struct GroupKey: Hashable {
     @usableFromInline func relocated(in context: Unmanaged<GroupReuse>) -> GroupNode<Message> {
         context._withUnsafeGuaranteedRef { c -> GroupNode<Message> in
             guard let m = c.relocate(key), m.subtreeDuplicates == 0, let last = m.node,
-                  ObjectIdentifier(type(of: last)) == ObjectIdentifier(type(of: self)), match(last) == 2
+                  ObjectIdentifier(type(of: last)) == ObjectIdentifier(type(of: self)), match(last) == .same
             else { return self }
             return unsafeDowncast(last, to: GroupNode<Message>.self)
         }
@@ -105,19 +114,18 @@ final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>:
         return context._withUnsafeGuaranteedRef { c -> Found in
             for offset in 0..<2 {
                 guard let last = c.candidate(offset) else { break }
-                // 0 another group, 1 this key, 2 this key and an equal input.
-                let match = last.node._withUnsafeGuaranteedRef { l -> Int in
-                    guard ObjectIdentifier(type(of: l)) == ObjectIdentifier(TypedGroupNode.self) else { return 0 }
+                let match = last.node._withUnsafeGuaranteedRef { l -> GroupMatch in
+                    guard ObjectIdentifier(type(of: l)) == ObjectIdentifier(TypedGroupNode.self) else { return .otherKey }
                     let o = unsafeDowncast(l, to: TypedGroupNode.self)
-                    guard o.keyValue == key else { return 0 }
-                    return o.value == input ? 2 : 1
+                    guard o.keyValue == key else { return .otherKey }
+                    return o.value == input ? .same : .sameKey
                 }
                 // Another occurrence of this key, or one this build took:
                 // not this group's place (`relocate` finds it by occurrence).
-                guard match != 0 && last.inPlace else { continue }
+                guard match != .otherKey && last.inPlace else { continue }
                 // Its place: the next group compares from here on.
                 c.took(offset)
-                guard match == 2 && last.reusable else { return .new }
+                guard match == .same && last.reusable else { return .new }
                 return .reused(unsafeDowncast(last.node.takeUnretainedValue(), to: TypedGroupNode.self))
             }
             return .lost(context)
@@ -147,15 +155,15 @@ final class TypedGroupNode<Message, Key: Hashable & Sendable, Input: Equatable>:
         return o.value == value
     }
 
-    override func match(_ last: GroupIdentity) -> Int {
-        if last === self { return 2 }    // the node was reused (`lookUp`)
+    override func match(_ last: GroupIdentity) -> GroupMatch {
+        if last === self { return .same }    // the node was reused (`lookUp`)
         if ObjectIdentifier(type(of: last)) == ObjectIdentifier(TypedGroupNode.self) {
             let o = unsafeDowncast(last, to: TypedGroupNode.self)
-            guard o.keyValue == keyValue else { return 0 }
-            return o.value == value ? 2 : 1
+            guard o.keyValue == keyValue else { return .otherKey }
+            return o.value == value ? .same : .sameKey
         }
-        guard keyEquals(last) else { return 0 }
-        return inputEquals(last) ? 2 : 1
+        guard keyEquals(last) else { return .otherKey }
+        return inputEquals(last) ? .same : .sameKey
     }
 
     override var keyDescription: String { "\(keyValue)" }
