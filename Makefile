@@ -56,25 +56,39 @@ demo-netns: deps
 clean:
 	rm -rf .build
 
-# The netlink parser's fuzz target (libFuzzer). `make fuzz` runs it for
-# FUZZ_SECONDS; `make test` replays the corpus and runs a short bounded round.
+# The fuzz targets (libFuzzer): the netlink parser and the transcript
+# parser. `make fuzz` runs each for FUZZ_SECONDS; `make test` replays both
+# corpora and runs a short bounded round of each.
 FUZZ_SECONDS ?= 60
 FUZZ_BIN = .build/fuzz-netlink
+FUZZ_TRANSCRIPT_BIN = .build/fuzz-transcript
 
 $(FUZZ_BIN): Fuzz/netlink/main.swift Sources/ReconcileSystemd/Connectivity/Netlink/NetlinkParser.swift
 	@mkdir -p .build
 	swiftc -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -swift-version 6 -o $@ $^
 
-# Quiet on success (one summary line); on failure the whole libFuzzer log.
-fuzz-replay: $(FUZZ_BIN)
-	@mkdir -p .build/fuzz-corpus
-	@if $(FUZZ_BIN) -seed=1 -runs=200000 -max_len=4096 .build/fuzz-corpus Fuzz/netlink/corpus >.build/fuzz-replay.log 2>&1; then \
-		echo "fuzz-replay: corpus replayed, $$(grep -o 'Done [0-9]* runs in [0-9]* second(s)' .build/fuzz-replay.log | tail -1 | cut -c6-), $$(grep -o 'corp: [0-9]*' .build/fuzz-replay.log | tail -1 | cut -c7-) inputs, no crash"; \
-	else cat .build/fuzz-replay.log; echo "fuzz-replay: FAILED (log in .build/fuzz-replay.log)"; exit 1; fi
+$(FUZZ_TRANSCRIPT_BIN): Fuzz/transcript/main.swift Sources/ReconcileReplay/JSONParser.swift Sources/ReconcileReplay/JSONValue.swift
+	@mkdir -p .build
+	swiftc -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -swift-version 6 -o $@ $^
 
-fuzz: $(FUZZ_BIN)
-	@mkdir -p .build/fuzz-corpus
-	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=4096 .build/fuzz-corpus Fuzz/netlink/corpus
+# Quiet on success (one summary line each); on failure the whole libFuzzer log.
+# $(1): name, $(2): binary, $(3): corpus, $(4): -max_len.
+define fuzz_replay
+	@mkdir -p .build/fuzz-corpus-$(1)
+	@if $(2) -seed=1 -runs=200000 -max_len=$(4) -timeout=10 -malloc_limit_mb=512 .build/fuzz-corpus-$(1) $(3) >.build/fuzz-replay-$(1).log 2>&1; then \
+		echo "fuzz-replay $(1): corpus replayed, $$(grep -o 'Done [0-9]* runs in [0-9]* second(s)' .build/fuzz-replay-$(1).log | tail -1 | cut -c6-), $$(grep -o 'corp: [0-9]*' .build/fuzz-replay-$(1).log | tail -1 | cut -c7-) inputs, no crash"; \
+	else cat .build/fuzz-replay-$(1).log; echo "fuzz-replay $(1): FAILED (log in .build/fuzz-replay-$(1).log)"; exit 1; fi
+endef
+
+fuzz-replay: $(FUZZ_BIN) $(FUZZ_TRANSCRIPT_BIN)
+	$(call fuzz_replay,netlink,$(FUZZ_BIN),Fuzz/netlink/corpus,4096)
+	$(call fuzz_replay,transcript,$(FUZZ_TRANSCRIPT_BIN),Fuzz/transcript/corpus,65536)
+
+fuzz: $(FUZZ_BIN) $(FUZZ_TRANSCRIPT_BIN)
+	@mkdir -p .build/fuzz-corpus-netlink .build/fuzz-corpus-transcript
+	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=4096 .build/fuzz-corpus-netlink Fuzz/netlink/corpus
+	$(FUZZ_TRANSCRIPT_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 -malloc_limit_mb=512 \
+		.build/fuzz-corpus-transcript Fuzz/transcript/corpus
 
 # The stress figures of Docs/Reliability.md (cross-thread sends, start/stop
 # churn, link flaps in a namespace, fuzzing): about 5 minutes, root for the

@@ -3,25 +3,8 @@ import Glibc
 import Reconcile
 import ReconcileTranscript
 
-/// A JSON value, as read from a transcript line (compared structurally).
-public enum JSONValue: Equatable, Decodable, CustomStringConvertible, Sendable {
-    /// `null`.
-    case null
-    /// `true` or `false`.
-    case bool(Bool)
-    /// An integer that fits `Int64`.
-    case int(Int64)
-    /// An integer above `Int64.max`.
-    case uint(UInt64)
-    /// Any other number.
-    case double(Double)
-    /// A string.
-    case string(String)
-    /// An array.
-    case array([JSONValue])
-    /// An object (key order is not kept).
-    case object([String: JSONValue])
-
+/// Reading a `JSONValue` with any `Decoder`, and writing it as JSON text.
+extension JSONValue: Decodable, CustomStringConvertible {
     /// Reads any JSON value.
     /// - Throws: `DecodingError` when the input is not JSON.
     public init(from decoder: any Decoder) throws {
@@ -44,23 +27,6 @@ public enum JSONValue: Equatable, Decodable, CustomStringConvertible, Sendable {
         else if let u = try? c.decode(UInt64.self) { self = .uint(u) }
         else if let d = try? c.decode(Double.self) { self = .double(d) }
         else { self = .string(try c.decode(String.self)) }
-    }
-
-    /// The field `key` of an object.
-    public subscript(key: String) -> JSONValue? {
-        if case .object(let o) = self { return o[key] }
-        return nil
-    }
-
-    /// The string, if this is one.
-    public var string: String? { if case .string(let s) = self { return s }; return nil }
-    /// The integer, if this is one that fits `Int64`.
-    public var int: Int64? {
-        switch self {
-        case .int(let i): return i
-        case .uint(let u): return Int64(exactly: u)
-        default: return nil
-        }
     }
 
     /// Compact JSON text (object keys sorted).
