@@ -40,7 +40,7 @@ let package = Package(
         // only it links.
         .target(name: "CMallocCounter", path: "Benchmarks/CMallocCounter"),
         .executableTarget(name: "reconcile-bench",
-                          dependencies: ["Reconcile", "ReconcileTesting", "ReconcileSystemd", "CSystemd", "CMallocCounter"],
+                          dependencies: ["Reconcile", "ReconcileTesting", "ReconcileSystemd", "ReconcileTranscript", "CSystemd", "CMallocCounter"],
                           path: "Benchmarks/reconcile-bench", swiftSettings: strict),
         // What the test targets share (one seeded generator).
         .target(name: "TestSupport", path: "Tests/Support", swiftSettings: strict),
@@ -48,7 +48,7 @@ let package = Package(
                     swiftSettings: strict),
         // The connectivity indicator: its pure program (tested with the
         // virtual driver) and the executable that runs it.
-        .target(name: "IndicatorCore", dependencies: ["Reconcile"], swiftSettings: strict),
+        .target(name: "IndicatorCore", dependencies: ["Reconcile", "ReconcileTranscript"], swiftSettings: strict),
         .executableTarget(name: "connectivity-indicator", dependencies: ["IndicatorCore", "Reconcile", "ReconcileSystemd", "ReconcileReplay"],
                           swiftSettings: strict),
         .testTarget(name: "IndicatorTests", dependencies: ["IndicatorCore", "Reconcile", "ReconcileTesting"],

@@ -1,3 +1,4 @@
+import ReconcileTranscript
 import Glibc
 
 /// One result: benchmark × implementation × size × churn.
@@ -139,24 +140,7 @@ func printSideBySide(_ title: String, _ records: [Record]) {
 
 // MARK: JSON
 
-private func jsonString(_ s: String) -> String {
-    var out = "\""
-    for u in s.unicodeScalars {
-        switch u {
-        case "\"": out += "\\\""
-        case "\\": out += "\\\\"
-        case "\n": out += "\\n"
-        default:
-            if u.value < 0x20 {
-                let hex = String(u.value, radix: 16)
-                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-            } else {
-                out.unicodeScalars.append(u)
-            }
-        }
-    }
-    return out + "\""
-}
+private func jsonString(_ s: String) -> String { JSONOutput.quoted(s) }
 
 private func jsonNumber(_ v: Double?) -> String {
     guard let v, v.isFinite else { return "null" }

@@ -1,3 +1,4 @@
+import ReconcileTranscript
 import Reconcile
 
 /// Turns the model into output lines. `now` (µs since the epoch) only feeds
@@ -87,53 +88,8 @@ public func relative(_ micros: Int64) -> String {
     return "\(s / 86400)d \(s % 86400 / 3600)h"
 }
 
-/// RFC 3339 in UTC with milliseconds: `2026-11-30T14:00:00.123Z`. Total
-/// over `Int64` (no step can overflow; years outside 0000–9999 are written
-/// with their sign or more digits).
-public func rfc3339(_ micros: Int64) -> String {
-    // Floor division without `micros - 999_999` (which overflows at the bottom).
-    var secs = micros / 1_000_000
-    var sub = micros % 1_000_000
-    if sub < 0 {
-        secs -= 1
-        sub += 1_000_000
-    }
-    let ms = sub / 1000
-    var days = secs >= 0 ? secs / 86400 : (secs - 86399) / 86400
-    let rem = secs - days * 86400
-    // Civil from days (Howard Hinnant's algorithm).
-    days += 719_468
-    let era = (days >= 0 ? days : days - 146_096) / 146_097
-    let doe = days - era * 146_097
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365
-    var y = yoe + era * 400
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
-    let mp = (5 * doy + 2) / 153
-    let d = doy - (153 * mp + 2) / 5 + 1
-    let m = mp < 10 ? mp + 3 : mp - 9
-    if m <= 2 { y += 1 }
-    func p(_ v: Int64, _ w: Int) -> String { let s = String(v); return String(repeating: "0", count: max(0, w - s.count)) + s }
-    return "\(p(y, 4))-\(p(m, 2))-\(p(d, 2))T\(p(rem / 3600, 2)):\(p(rem % 3600 / 60, 2)):\(p(rem % 60, 2)).\(p(ms, 3))Z"
-}
+/// RFC 3339 in UTC with milliseconds: `2026-11-30T14:00:00.123Z` (total over `Int64`).
+public func rfc3339(_ micros: Int64) -> String { Timestamp.rfc3339(micros: micros, fractionDigits: 3) }
 
 /// A JSON string literal.
-public func quote(_ s: String) -> String {
-    var out = "\""
-    for u in s.unicodeScalars {
-        switch u {
-        case "\"": out += "\\\""
-        case "\\": out += "\\\\"
-        case "\n": out += "\\n"
-        case "\r": out += "\\r"
-        case "\t": out += "\\t"
-        default:
-            if u.value < 0x20 {
-                let h = String(u.value, radix: 16)
-                out += "\\u" + String(repeating: "0", count: 4 - h.count) + h
-            } else {
-                out.unicodeScalars.append(u)
-            }
-        }
-    }
-    return out + "\""
-}
+public func quote(_ s: String) -> String { JSONOutput.quoted(s) }

@@ -1,6 +1,7 @@
 import CSystemd
 import TestSupport
 import Reconcile
+import ReconcileTranscript
 @testable import ReconcileSystemd
 import Glibc
 import Testing
@@ -82,7 +83,7 @@ extension SystemdTests {
             let reference = Int64(tv.tv_sec) * 1_000_000 + Int64(tv.tv_usec)
             let now = wallClockMicroseconds()
             #expect(now >= reference && now - reference < 1_000_000)
-            #expect(rfc3339(micros: 1_000_000_000_123_456) == "2001-09-09T01:46:40.123456Z")
+            #expect(Timestamp.rfc3339(micros: 1_000_000_000_123_456) == "2001-09-09T01:46:40.123456Z")
             #expect(clockMicroseconds(CLOCK_MONOTONIC) > 0)
         }
 

@@ -94,7 +94,7 @@ public final class TranscriptRecorder<P: Program> {
         encoder = TranscriptEncoder(capacity: chunkSize * 2)
         shared = WriterShared(path: path, logger: logger, sizeLimit: sizeLimit, batchEncoder: writer)
         let micros = wallClockMicroseconds()
-        encoder.header(program: String(reflecting: P.self), startedAtMicros: micros, startedAt: rfc3339(micros: micros), arguments: arguments)
+        encoder.header(program: String(reflecting: P.self), startedAtMicros: micros, startedAt: Timestamp.rfc3339(micros: micros), arguments: arguments)
         loopBytes = encoder.pendingBytes
         if writer != nil {
             header = encoder.swapOutput([])
@@ -551,17 +551,4 @@ final class Semaphore: @unchecked Sendable {
             if errno != EINTR { return false }
         }
     }
-}
-
-/// `2026-11-30T17:16:05.123456Z`.
-func rfc3339(micros: Int64) -> String {
-    var t = Int(micros / 1_000_000)
-    var tm = Glibc.tm()
-    gmtime_r(&t, &tm)
-    func pad(_ v: Int32, _ n: Int) -> String {
-        let s = String(v)
-        return String(repeating: "0", count: max(0, n - s.count)) + s
-    }
-    let micros = Int32(micros % 1_000_000)
-    return "\(pad(tm.tm_year + 1900, 4))-\(pad(tm.tm_mon + 1, 2))-\(pad(tm.tm_mday, 2))T\(pad(tm.tm_hour, 2)):\(pad(tm.tm_min, 2)):\(pad(tm.tm_sec, 2)).\(pad(micros, 6))Z"
 }
