@@ -67,7 +67,7 @@ $(FUZZ_BIN): Fuzz/netlink/main.swift Sources/ReconcileSystemd/Connectivity/Netli
 	@mkdir -p .build
 	swiftc -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -swift-version 6 -o $@ $^
 
-$(FUZZ_TRANSCRIPT_BIN): Fuzz/transcript/main.swift Sources/ReconcileReplay/JSONParser.swift Sources/ReconcileReplay/JSONValue.swift
+$(FUZZ_TRANSCRIPT_BIN): Fuzz/transcript/main.swift Sources/ReconcileTranscript/JSONParser.swift Sources/ReconcileTranscript/JSONValue.swift
 	@mkdir -p .build
 	swiftc -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -swift-version 6 -o $@ $^
 

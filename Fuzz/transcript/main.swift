@@ -1,4 +1,4 @@
-// libFuzzer target for the transcript parser (Sources/ReconcileReplay/JSONParser.swift, with
+// libFuzzer target for the transcript parser (Sources/ReconcileTranscript/JSONParser.swift, with
 // JSONValue.swift). Built by `make fuzz` / `make test` with: swiftc -sanitize=fuzzer,address -parse-as-library
 // The input is split into lines as a transcript is; each line is parsed. The parser must never
 // trap, read out of bounds, loop forever or allocate without bound on any input, and what it

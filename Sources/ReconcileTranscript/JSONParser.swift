@@ -1,3 +1,5 @@
+/// The transcript format's reader (its writer is `TranscriptEncoder`, in
+/// this module too; package-internal, used by `ReconcileReplay`).
 /// A small JSON parser for transcript lines (faster than decoding into
 /// `JSONValue` through `JSONDecoder`, and exact for 64-bit integers),
 /// strict to RFC 8259: numbers in its grammar only (no leading zeros, no
@@ -5,14 +7,14 @@
 /// `\u` escapes whose surrogates pair, no duplicate keys in an object, and
 /// at most `maxDepth` nested arrays and objects. The input's length is
 /// bounded by the caller (a transcript line, `Transcript.defaultLineLimit`).
-struct JSONParser {
+package struct JSONParser {
     /// The deepest nesting of arrays and objects accepted.
-    static let maxDepth = 128
+    package static let maxDepth = 128
 
-    struct Failure: Error, CustomStringConvertible {
-        let offset: Int
-        let reason: String
-        var description: String { "\(reason) at byte \(offset)" }
+    package struct Failure: Error, CustomStringConvertible {
+        package let offset: Int
+        package let reason: String
+        package var description: String { "\(reason) at byte \(offset)" }
     }
 
     let bytes: UnsafeBufferPointer<UInt8>
@@ -20,7 +22,7 @@ struct JSONParser {
     var depth = 0
 
     /// Parses one JSON value that must fill `bytes` (surrounding spaces allowed).
-    static func parse(_ bytes: some Collection<UInt8>) throws(Failure) -> JSONValue {
+    package static func parse(_ bytes: some Collection<UInt8>) throws(Failure) -> JSONValue {
         let array = Array(bytes)
         do {
             return try array.withUnsafeBufferPointer { buffer in
