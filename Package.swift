@@ -13,6 +13,7 @@ let package = Package(
         .library(name: "ReconcileSystemd", targets: ["ReconcileSystemd"]),
         .library(name: "ReconcileTranscript", targets: ["ReconcileTranscript"]),
         .library(name: "ReconcileReplay", targets: ["ReconcileReplay"]),
+        .executable(name: "echod", targets: ["echod"]),
     ],
     targets: [
         .target(name: "Reconcile", swiftSettings: strict),
@@ -35,6 +36,10 @@ let package = Package(
         .executableTarget(name: "reconcile-bench",
                           dependencies: ["Reconcile", "ReconcileTesting", "ReconcileSystemd", "CSystemd", "CMallocCounter"],
                           path: "Benchmarks/reconcile-bench", swiftSettings: strict),
+        // The line-echo example daemon (Docs/IO.md): socket activation,
+        // connections and child processes.
+        .executableTarget(name: "echod", dependencies: ["Reconcile", "ReconcileSystemd"],
+                          path: "Examples/echod", swiftSettings: strict),
         .testTarget(name: "ReconcileSystemdTests", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd", "IndicatorCore", "ReconcileTesting"],
                     swiftSettings: strict),
         // The connectivity indicator: its pure program (tested with the
