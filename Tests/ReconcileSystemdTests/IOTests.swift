@@ -268,6 +268,25 @@ extension SystemdTests {
             for pid in pids { #expect(!FileManager.default.fileExists(atPath: "/proc/\(pid)")) }
         }
 
+        @Test func aOneOffCommandRunsToCompletionWithItsOutputCollected() async throws {
+            let result = try await ProcessRun.run(["/bin/sh", "-c", "echo a; echo oops >&2; printf b; exit 5"])
+            #expect(result.status == 5 && result.signal == nil)
+            #expect(result.lines == ["a", "b"])
+            #expect(result.stderr == Array("oops\n".utf8))
+            #expect(!childProcesses().contains { $0.state == "Z" })
+        }
+
+        @Test func cancellingAOneOffCommandTerminatesAndReapsIt() async throws {
+            let started = ContinuousClock.now
+            let task = Task { try await ProcessRun.run(["/bin/sleep", "30"]) }
+            try await Task.sleep(for: .milliseconds(100))
+            task.cancel()
+            let result = try await task.value
+            #expect(result.signal == SIGTERM)
+            #expect(ContinuousClock.now - started < .seconds(5))
+            #expect(childProcesses().isEmpty)
+        }
+
         @Test func aProgramThatDoesNotExistIsAFailureEvent() throws {
             let h = try run(["/nonexistent/program"])
             try h.run(until: { !h.runtime.model.processEvents.isEmpty })
