@@ -119,7 +119,9 @@ extension SystemdTests {
 
         @Test func sigtermStopsItWithItsChildrenReaped() throws {
             let port = freePort()
-            let daemon = try Child(echod, ["--listen", "127.0.0.1:\(port)", "--run", #"/bin/sh -c "sleep 30; echo $0""#])
+            // The child and its own child ignore SIGTERM: only the SIGKILL at
+            // the end of shutdown ends them, and the daemon reaps the child.
+            let daemon = try Child(echod, ["--listen", "127.0.0.1:\(port)", "--run", #"/bin/sh -c "trap '' TERM; sleep 30; echo $0""#])
             let script = """
                 import socket, sys, time
                 for attempt in range(500):
@@ -142,9 +144,18 @@ extension SystemdTests {
                 usleep(10_000)
             }
             #expect(children.count == 1)
+            var grandchildren: [String] = []
+            while grandchildren.isEmpty, let child = children.first, ContinuousClock.now < deadline {
+                grandchildren = ((try? String(contentsOfFile: "/proc/\(child)/task/\(child)/children", encoding: .utf8)) ?? "")
+                    .split(separator: " ").map(String.init)
+                usleep(10_000)
+            }
+            #expect(grandchildren.count == 1)
+            let stopped = ContinuousClock.now
             daemon.signal(SIGTERM)
             #expect(daemon.wait() == 0)
-            for pid in children { #expect(!FileManager.default.fileExists(atPath: "/proc/\(pid)")) }
+            #expect(ContinuousClock.now - stopped < .seconds(3))
+            for pid in children + grandchildren { #expect(!FileManager.default.fileExists(atPath: "/proc/\(pid)")) }
             _ = c.wait()
         }
     }

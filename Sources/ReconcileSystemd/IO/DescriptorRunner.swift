@@ -43,6 +43,12 @@ final class DescriptorRunner: RunningSource {
         case .datagrams(let size): lines = LineBuffer(limit: 1); buffer = [UInt8](repeating: 0, count: max(1, size))
         }
         let fd = configuration.fd
+        if let c = configuration.connection, !state.mayRead(c.id) {
+            // Its descriptor is closed and its number may be another's now.
+            open = false
+            throw SourceFailure(operation: "read \(c)", code: EBADF,
+                                reason: "the connection is closed (its subscription stopped, or its listener stopped before it was subscribed)")
+        }
         do {
             let nb = CSystemd_set_nonblocking(fd)
             if nb < 0 {

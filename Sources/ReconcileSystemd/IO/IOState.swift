@@ -48,6 +48,10 @@ final class IOState {
         connections[id] = entry
     }
 
+    /// Whether connection `id` may be read: open, or never a listener's
+    /// (one made by `SocketActivation.connection(_:)`).
+    func mayRead(_ id: UInt64) -> Bool { connections[id] != nil || id >= nextConnection }
+
     /// The reader of connection `id`, when a subscription holds it.
     func reader(of id: UInt64) -> DescriptorRunner? { connections[id]?.reader }
 
