@@ -374,3 +374,69 @@ extension SystemdTests {
         }
     }
 }
+
+/// A listener, its connections (lines counted), and a 10 ms timer whose
+/// ticks are timed.
+struct FloodProgram: Program {
+    final class Clock { var ticks: [(sequence: UInt64, at: ContinuousClock.Instant)] = [] }
+    struct Model { var connections: [Connection] = []; var lines = 0 }
+    enum Message { case listener(ListenerSource.Event), connection(UInt64, DescriptorSource.Event), tick(TimerSource.Event) }
+    let listener: Int32
+    let clock: Clock
+
+    func start() -> (Model, [Never]) { (Model(), []) }
+
+    func update(_ model: inout Model, _ message: Message) -> [Never] {
+        switch message {
+        case .listener(.accepted(let c)): model.connections.append(c)
+        case .connection(_, .line): model.lines += 1
+        case .tick(.tick(let t)): clock.ticks.append((t.sequence, .now))
+        default: break
+        }
+        return []
+    }
+
+    func subscriptions(_ model: Model) -> Subscriptions<Message> {
+        Subscriptions {
+            Subscription.listen(listener, name: "flood", owned: true) { .listener($0) }
+            Subscription.every(.milliseconds(10), key: "timer") { .tick($0) }
+            model.connections.map { c in Subscription.connection(c) { .connection(c.id, $0) } }
+        }
+    }
+}
+
+extension SystemdTests.Sockets {
+    @Test func aTimerKeepsItsTimingWhile100ConnectionsFlood() throws {
+        let dir = try makeTemporaryDirectory()
+        defer { removeTree(dir) }
+        let path = dir + "/flood.sock"
+        let clock = FloodProgram.Clock()
+        let h = try Harness(FloodProgram(listener: try listeningUnixSocket(path), clock: clock))
+        let clients = (0..<100).map { _ in connectUnix(path) }
+        defer { for c in clients { close(c) } }
+        try h.run(until: { h.runtime.model.connections.count == 100 })
+        final class Stop: Sendable { let value = Mutex(false) }
+        let stop = Stop()
+        let flooder = Thread {
+            let block = [UInt8]((0..<64).flatMap { _ in Array(String(repeating: "z", count: 63).utf8) + [10] })
+            while !stop.value.withLock({ $0 }) {
+                for c in clients { _ = block.withUnsafeBytes { send(c, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) } }
+            }
+        }
+        flooder.start()
+        let before = clock.ticks.count
+        try h.run(for: .seconds(1))
+        stop.value.withLock { $0 = true }
+        let ticks = Array(clock.ticks[before...])
+        let first = try #require(ticks.first)
+        var worst = Duration.zero
+        for t in ticks {
+            let due = first.at + .milliseconds(10) * Int(t.sequence - first.sequence)
+            worst = max(worst, t.at - due)
+        }
+        print("flood: \(h.runtime.model.lines) lines from 100 connections in 1 s; \(ticks.count) ticks, worst lateness \(worst)")
+        #expect(h.runtime.model.lines > 10_000)
+        #expect(ticks.count >= 90)
+        #expect(worst < .milliseconds(10))
+    }
+}

@@ -31,12 +31,21 @@ final class DescriptorRunner: RunningSource {
     private var queueStart = 0
     private var reading = true
     private var open = true
+    /// Events go through the runtime's inbox: one dispatch's lines are one
+    /// batch for `update` and one reconcile, not one reconcile per line.
+    private var poster: EventPoster?
+    /// Events the inbox had no room for, in order; reading waits for them.
+    private var backlog: [DescriptorSource.Event] = []
+    private var backlogStart = 0
+    private var retry: OpaquePointer?
+    private let loop: EventLoop
     private var fd: Int32 { configuration.fd }
 
     init(ticket: SourceTicket, configuration: DescriptorSource.Configuration, driver: SystemdDriver) throws {
         self.ticket = ticket
         self.configuration = configuration
         state = driver.io
+        loop = driver.loop
         switch configuration.framing {
         case .lines(let limit): lines = LineBuffer(limit: limit); buffer = [UInt8](repeating: 0, count: 16 << 10)
         case .bytes(let chunk): lines = LineBuffer(limit: 1); buffer = [UInt8](repeating: 0, count: min(max(1, chunk), 64 << 10))
@@ -75,6 +84,65 @@ final class DescriptorRunner: RunningSource {
             throw error
         }
         if let c = configuration.connection { state.adopt(c.id, fd: fd, by: self) }
+        poster = ticket.poster()
+    }
+
+    /// Hands `events` to the program in order, through the inbox.
+    private func deliver(_ events: [DescriptorSource.Event]) {
+        guard ticket != nil, !events.isEmpty else { return }
+        if backlogStart < backlog.count {
+            backlog.append(contentsOf: events)
+        } else {
+            backlog = events
+            backlogStart = 0
+        }
+        drainBacklog()
+    }
+
+    private func drainBacklog() {
+        guard let poster, ticket != nil else {
+            backlog = []
+            backlogStart = 0
+            return
+        }
+        while backlogStart < backlog.count {
+            switch poster.post(backlog[backlogStart]) {
+            case .accepted:
+                backlogStart += 1
+            case .closed:
+                backlog = []
+                backlogStart = 0
+                return
+            case .full:
+                // The inbox is full: retry from a later iteration (after
+                // the runtime pumped it); reading waits meanwhile.
+                armRetry()
+                updateEvents()
+                return
+            }
+        }
+        backlog = []
+        backlogStart = 0
+        updateEvents()
+    }
+
+    /// A retry 1 ms later (a timer: a deferred source re-armed from its own
+    /// dispatch would come before the runtime's wake-up, again and again).
+    private func armRetry() {
+        let due = usecAdd(loop.now(), 1000)
+        if let retry {
+            sd_event_source_set_time(retry, due)
+            sd_event_source_set_enabled(retry, Int32(SD_EVENT_ONESHOT))
+            return
+        }
+        var t: OpaquePointer?
+        if sd_event_add_time(loop.handle, &t, CLOCK_MONOTONIC, due, 1000, { _, _, ud in
+            Unmanaged<DescriptorRunner>.fromOpaque(ud!).takeUnretainedValue().drainBacklog()
+            return 0
+        }, Unmanaged.passUnretained(self).toOpaque()) >= 0 {
+            EventSource.account(t!)
+            retry = t
+        }
     }
 
     func retune(to configuration: AnyHashable) throws {}
@@ -126,15 +194,10 @@ final class DescriptorRunner: RunningSource {
             }
         }
         if ended || failure != 0 { reading = false }
-        for event in events {
-            guard let ticket else { return }
-            ticket.emit(event)
-        }
-        guard let ticket else { return }
-        if ended {
-            ticket.emit(DescriptorSource.Event.endOfFile)
-        } else if failure != 0 {
-            ticket.fail(SourceFailure(operation: "read(\(fd))", code: failure, reason: errorText(failure)))
+        if ended { events.append(.endOfFile) }
+        deliver(events)
+        if failure != 0 {
+            ticket?.fail(SourceFailure(operation: "read(\(fd))", code: failure, reason: errorText(failure)))
         }
     }
 
@@ -161,10 +224,7 @@ final class DescriptorRunner: RunningSource {
             }
         }
         if failure != 0 { reading = false }
-        for event in events {
-            guard let ticket else { return }
-            ticket.emit(event)
-        }
+        deliver(events)
         if failure != 0 {
             ticket?.fail(SourceFailure(operation: "recvfrom(\(fd))", code: failure, reason: errorText(failure)))
         }
@@ -175,7 +235,7 @@ final class DescriptorRunner: RunningSource {
     private func updateEvents() {
         guard let source, open else { return }
         var mask: UInt32 = 0
-        if reading { mask |= UInt32(EPOLLIN.rawValue) }
+        if reading, backlogStart == backlog.count { mask |= UInt32(EPOLLIN.rawValue) }
         if queueStart < queue.count { mask |= UInt32(EPOLLOUT.rawValue) }
         if mask == 0 {
             sd_event_source_set_enabled(source, Int32(SD_EVENT_OFF))
@@ -241,7 +301,7 @@ final class DescriptorRunner: RunningSource {
     /// Closes the descriptor now and tells the program why.
     private func closeConnection(_ reason: DescriptorSource.CloseReason) {
         release()
-        ticket?.emit(DescriptorSource.Event.closed(reason))
+        deliver([.closed(reason)])
     }
 
     private func release() {
@@ -258,10 +318,18 @@ final class DescriptorRunner: RunningSource {
 
     func stop() {
         ticket = nil
+        poster = nil
+        backlog = []
+        backlogStart = 0
+        if let retry { sd_event_source_disable_unref(retry) }
+        retry = nil
         // A last attempt at what waits (the peer may have read meanwhile).
         if open, queueStart < queue.count { flush() }
         release()
     }
 
-    deinit { release() }
+    deinit {
+        release()
+        if let retry { sd_event_source_disable_unref(retry) }
+    }
 }
