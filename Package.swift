@@ -20,6 +20,7 @@ let package = Package(
         .library(name: "ReconcileSystemd", targets: ["ReconcileSystemd"]),
         .library(name: "ReconcileTranscript", targets: ["ReconcileTranscript"]),
         .library(name: "ReconcileReplay", targets: ["ReconcileReplay"]),
+        .executable(name: "echod", targets: ["echod"]),
     ],
     targets: [
         .target(name: "Reconcile", swiftSettings: strict + checks),
@@ -42,6 +43,10 @@ let package = Package(
         .executableTarget(name: "reconcile-bench",
                           dependencies: ["Reconcile", "ReconcileTesting", "ReconcileSystemd", "ReconcileTranscript", "CSystemd", "CMallocCounter"],
                           path: "Benchmarks/reconcile-bench", swiftSettings: strict),
+        // The line-echo example daemon (Docs/IO.md): socket activation,
+        // connections and child processes.
+        .executableTarget(name: "echod", dependencies: ["Reconcile", "ReconcileSystemd"],
+                          path: "Examples/echod", swiftSettings: strict),
         // What the test targets share (one seeded generator).
         .target(name: "TestSupport", path: "Tests/Support", swiftSettings: strict),
         .testTarget(name: "ReconcileSystemdTests", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd", "IndicatorCore", "ReconcileTesting", "TestSupport"],

@@ -11,6 +11,9 @@ need systemd
 need jq
 need strace
 need binutils
+# The IO tests: python3 clients, setpriv (a peer running as nobody).
+need python3
+need util-linux
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" != 0 ]; then
     echo "missing packages:$missing (run as root or install them)" >&2

@@ -88,4 +88,84 @@ static inline int CSystemd_is_main_thread(void) {
 int _dispatch_get_main_queue_handle_4CF(void);
 void _dispatch_main_queue_callback_4CF(void *msg);
 
+
+// --- Descriptors, sockets and child processes (Docs/IO.md) ---
+#include <spawn.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+extern char **environ;
+
+/// Spawns `file` (searched in PATH when it has no slash) with `argv` and
+/// `envp` (NULL: this process's environment), in `cwd` (NULL: ours):
+/// stdin on /dev/null, stdout and stderr onto `out` and `err`, every other
+/// descriptor closed, default signal dispositions and an empty mask, in a
+/// process group of its own (stopping it signals the group). Returns the pid, or -errno.
+static inline int CSystemd_spawn(const char *file, char *const argv[], char *const envp[], const char *cwd, int out, int err) {
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    int r = posix_spawn_file_actions_init(&fa);
+    if (r != 0) return -r;
+    r = posix_spawnattr_init(&at);
+    if (r != 0) { posix_spawn_file_actions_destroy(&fa); return -r; }
+    if (r == 0) r = posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    if (r == 0) r = posix_spawn_file_actions_adddup2(&fa, out, 1);
+    if (r == 0) r = posix_spawn_file_actions_adddup2(&fa, err, 2);
+    if (r == 0) r = posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+    if (r == 0 && cwd) r = posix_spawn_file_actions_addchdir_np(&fa, cwd);
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    if (r == 0) r = posix_spawnattr_setsigmask(&at, &none);
+    if (r == 0) r = posix_spawnattr_setsigdefault(&at, &all);
+    if (r == 0) r = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+    if (r == 0) r = posix_spawnattr_setpgroup(&at, 0);
+    pid_t pid = -1;
+    if (r == 0) r = posix_spawnp(&pid, file, &fa, &at, argv, envp ? envp : environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    return r == 0 ? (int)pid : -r;
+}
+
+/// The child's exit code or signal from a child source's siginfo:
+/// `*exited` 1 and `*value` the status, or 0 and the signal.
+static inline void CSystemd_child_status(const siginfo_t *si, int *exited, int *value) {
+    *exited = si->si_code == CLD_EXITED;
+    *value = si->si_status;
+}
+
+/// accept4 with SOCK_NONBLOCK | SOCK_CLOEXEC (not visible to Swift without _GNU_SOURCE).
+int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags);
+static inline int CSystemd_accept(int fd, struct sockaddr *addr, socklen_t *len) {
+    return accept4(fd, addr, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+}
+
+/// A pipe whose two ends are close-on-exec (pipe2 is not visible to Swift
+/// without _GNU_SOURCE); 0 or -errno.
+int pipe2(int fds[2], int flags);
+static inline int CSystemd_pipe_cloexec(int fds[2]) {
+    return pipe2(fds, O_CLOEXEC) == 0 ? 0 : -errno;
+}
+
+/// SO_PEERCRED of a unix socket (struct ucred needs _GNU_SOURCE); 0 or -errno.
+static inline int CSystemd_peer_credentials(int fd, int *pid, unsigned *uid, unsigned *gid) {
+    struct { int pid; unsigned uid; unsigned gid; } cred;
+    socklen_t size = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &size) != 0) return -errno;
+    *pid = cred.pid;
+    *uid = cred.uid;
+    *gid = cred.gid;
+    return 0;
+}
+
+/// `O_NONBLOCK` set on `fd`; 0 or -errno.
+static inline int CSystemd_set_nonblocking(int fd) {
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0) return -errno;
+    if (flags & O_NONBLOCK) return 0;
+    return fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 ? -errno : 0;
+}
+
 #endif

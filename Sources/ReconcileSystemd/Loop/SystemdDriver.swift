@@ -40,6 +40,9 @@ public final class SystemdDriver: Driver {
     private var inotifyKeeper: EventSource?
     /// The file watches' shared directory watches (see `DirectoryWatches`).
     lazy var directoryWatches = DirectoryWatches(loop: loop)
+    /// The descriptor, listener and process sources' shared state
+    /// (IO/IOState.swift), made by the first of them.
+    var ioState: IOState?
 
     /// A driver for sources on `loop`.
     public init(loop: EventLoop, logger: DaemonLogger = DaemonLogger()) {
@@ -217,6 +220,8 @@ public final class SystemdDriver: Driver {
         if left > 0 {
             logger.warning("detach: stopped \(left) source(s) still running (the runtime did not shut down first)")
         }
+        // Stopped children are reaped, unadopted connections closed.
+        ioState?.detach()
         // Stopped watch runners keep their (off) flush source for reuse.
         for watch in spareWatches { watch.release() }
         wakeSource?.close()

@@ -8,8 +8,10 @@ public enum Signals {
     /// before any thread starts: threads inherit the mask, and a signal that
     /// is blocked in only some threads may still kill the process.
     /// The corresponding C function is `pthread_sigmask`.
+    /// SIGCHLD is always blocked too: child processes (`ProcessSource`) are
+    /// watched through the loop, and `sd_event_add_child` requires it.
     public static func block(_ signals: [SignalSource.Signal] = SignalSource.Signal.allCases) throws(SystemdError) {
-        let numbers = signals.map(\.rawValue)
+        let numbers = signals.map(\.rawValue) + [SIGCHLD]
         _ = try numbers.withUnsafeBufferPointer { (b) throws(SystemdError) in
             try check("pthread_sigmask", CSystemd_block_signals(b.baseAddress, Int32(b.count)))
         }

@@ -1,0 +1,224 @@
+import CSystemd
+import Glibc
+import Reconcile
+import ReconcileSystemd
+
+// MARK: Descriptors and listeners on the real loop
+
+/// Counts the lines of one descriptor, and the connections of one listener.
+struct CountingProgram: Program {
+    struct Model: Equatable { var lines = 0; var ended = false; var accepted = 0; var open: [Connection] = [] }
+    enum Message { case descriptor(DescriptorSource.Event), listener(ListenerSource.Event), connection(UInt64, DescriptorSource.Event) }
+    let fd: Int32
+    let listening: Bool
+
+    func start() -> (Model, [Never]) { (Model(), []) }
+
+    func update(_ model: inout Model, _ message: Message) -> [Never] {
+        switch message {
+        case .descriptor(.line): model.lines += 1
+        case .descriptor(.endOfFile): model.ended = true
+        case .listener(.accepted(let c)):
+            model.accepted += 1
+            model.open.append(c)
+        case .connection(let id, .endOfFile), .connection(let id, .failed):
+            model.open.removeAll { $0.id == id }
+        default: break
+        }
+        return []
+    }
+
+    func subscriptions(_ model: Model) -> Subscriptions<Message> {
+        if listening {
+            return Subscriptions {
+                Subscription.listen(fd, name: "bench", connectionLimit: 1 << 20) { .listener($0) }
+                model.open.map { c in Subscription.connection(c) { .connection(c.id, $0) } }
+            }
+        }
+        return Subscriptions { Subscription.lines(fd) { .descriptor($0) } }
+    }
+}
+
+/// A thread that writes `count` 64-byte lines to `fd`, then closes it.
+func startWriter(_ fd: Int32, lines count: Int) {
+    final class Job { let fd: Int32; let count: Int; init(_ fd: Int32, _ count: Int) { self.fd = fd; self.count = count } }
+    var thread = pthread_t()
+    pthread_create(&thread, nil, { arg in
+        let job = Unmanaged<Job>.fromOpaque(arg!).takeRetainedValue()
+        var block = [UInt8]()
+        for _ in 0..<1024 { block += Array(String(repeating: "x", count: 63).utf8) + [10] }
+        var left = job.count
+        while left > 0 {
+            let n = min(left, 1024)
+            var off = 0
+            let bytes = n * 64
+            while off < bytes {
+                let w = block.withUnsafeBytes { write(job.fd, $0.baseAddress! + off, bytes - off) }
+                if w <= 0 { break }
+                off += w
+            }
+            left -= n
+        }
+        close(job.fd)
+        return nil
+    }, Unmanaged.passRetained(Job(fd, count)).toOpaque())
+    pthread_detach(thread)
+}
+
+/// A thread that connects to the unix socket at `path` `count` times, closing each.
+func startConnector(_ path: String, connections count: Int) {
+    final class Job { let path: String; let count: Int; init(_ p: String, _ c: Int) { path = p; count = c } }
+    var thread = pthread_t()
+    pthread_create(&thread, nil, { arg in
+        let job = Unmanaged<Job>.fromOpaque(arg!).takeRetainedValue()
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &addr.sun_path) { $0.copyBytes(from: Array(job.path.utf8)) }
+        for _ in 0..<job.count {
+            let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+            while withUnsafePointer(to: &addr, { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) } }) != 0 {
+                usleep(100)   // the backlog is full: the loop is behind
+            }
+            close(fd)
+        }
+        return nil
+    }, Unmanaged.passRetained(Job(path, count)).toOpaque())
+    pthread_detach(thread)
+}
+
+/// What the hand-written sd-event reader counts.
+final class RawCounter { var lines = 0; var ended = false; var accepted = 0 }
+
+/// Lines per second through `Subscription.lines` to `update`, against a
+/// hand-written `sd_event_add_io` reader (64 KiB reads, memchr) in the same
+/// run; then connections accepted per second through `Subscription.listen`
+/// against a hand-written accept loop.
+func ioBenchmark(lines count: Int, connections: Int, rounds: Int, into records: inout [Record]) throws {
+    var ours: [Double] = [], raw: [Double] = []
+    for _ in 0..<rounds {
+        // Ours.
+        do {
+            var pair: [Int32] = [0, 0]
+            precondition(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+            let loop = try EventLoop()
+            let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
+            let runtime = Runtime(CountingProgram(fd: pair[0], listening: false), driver: driver)
+            try runtime.start()
+            let began = monotonicNanos()
+            startWriter(pair[1], lines: count)
+            _ = try loop.run(until: { runtime.model.ended }, timeout: .seconds(120))
+            let elapsed = Double(monotonicNanos() - began)
+            if runtime.model.lines != count { warn("io: ours read \(runtime.model.lines) of \(count) lines") }
+            ours.append(Double(count) / (elapsed / 1e9))
+            runtime.shutdown()
+            close(pair[0])
+        }
+        // Hand-written.
+        do {
+            var pair: [Int32] = [0, 0]
+            precondition(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0, &pair) == 0)
+            let flags = fcntl(pair[1], F_GETFL)
+            _ = fcntl(pair[1], F_SETFL, flags & ~O_NONBLOCK)
+            let loop = try EventLoop()
+            let counter = RawCounter()
+            var source: OpaquePointer?
+            precondition(sd_event_add_io(loop.handle, &source, pair[0], UInt32(EPOLLIN.rawValue), { s, fd, _, ud in
+                let counter = Unmanaged<RawCounter>.fromOpaque(ud!).takeUnretainedValue()
+                var buffer = [UInt8](repeating: 0, count: 64 << 10)
+                let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+                if n == 0 {
+                    counter.ended = true
+                    sd_event_source_set_enabled(s, Int32(SD_EVENT_OFF))
+                    return 0
+                }
+                guard n > 0 else { return 0 }
+                // Each line made a String and handled, as a daemon would (a
+                // line split across two reads is counted once, at its newline;
+                // its first part is not carried over: a lower bound on the work).
+                buffer.withUnsafeBytes { b in
+                    var p = b.baseAddress!, left = n
+                    while left > 0, let hit = memchr(p, 10, left) {
+                        let used = p.distance(to: UnsafeRawPointer(hit)) + 1
+                        let line = String(decoding: UnsafeRawBufferPointer(start: p, count: used - 1), as: UTF8.self)
+                        counter.lines += line.isEmpty ? 0 : 1
+                        p += used
+                        left -= used
+                    }
+                }
+                return 0
+            }, Unmanaged.passUnretained(counter).toOpaque()) >= 0)
+            let began = monotonicNanos()
+            startWriter(pair[1], lines: count)
+            _ = try loop.run(until: { counter.ended }, timeout: .seconds(120))
+            let elapsed = Double(monotonicNanos() - began)
+            raw.append(Double(counter.lines) / (elapsed / 1e9))
+            sd_event_source_disable_unref(source)
+            close(pair[0])
+        }
+    }
+    records.append(Record(benchmark: "io", implementation: "ours", size: count, churn: nil, unit: "line", runs: rounds,
+                          medianNanos: 1e9 / median(ours), p99Nanos: 1e9 / (ours.min() ?? 1), perSubscription: false,
+                          extra: [("lines_per_second", median(ours)), ("ratio_to_raw", median(ours) / median(raw))]))
+    records.append(Record(benchmark: "io", implementation: "raw", size: count, churn: nil, unit: "line", runs: rounds,
+                          medianNanos: 1e9 / median(raw), p99Nanos: 1e9 / (raw.min() ?? 1), perSubscription: false,
+                          extra: [("lines_per_second", median(raw))]))
+    progress("io lines: ours \(Int(median(ours)))/s, hand-written sd_event_add_io \(Int(median(raw)))/s, ratio \(format2(median(ours) / median(raw)))")
+
+    // Connections accepted per second.
+    var oursAccepts: [Double] = [], rawAccepts: [Double] = []
+    for round in 0..<rounds {
+        for hand in [false, true] {
+            let tmp = getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp"
+            var template = Array((tmp + "/reconcile-bench-XXXXXX").utf8CString)
+            guard let dir = mkdtemp(&template) else { fail("mkdtemp") }
+            let path = String(cString: dir) + "/b\(round).sock"
+            let listener = try SocketActivation.bind(path)
+            let loop = try EventLoop()
+            let began = monotonicNanos()
+            if hand {
+                let counter = RawCounter()
+                _ = CSystemd_set_nonblocking(listener)
+                var source: OpaquePointer?
+                precondition(sd_event_add_io(loop.handle, &source, listener, UInt32(EPOLLIN.rawValue), { _, fd, _, ud in
+                    let counter = Unmanaged<RawCounter>.fromOpaque(ud!).takeUnretainedValue()
+                    for _ in 0..<64 {
+                        let c = CSystemd_accept(fd, nil, nil)
+                        if c < 0 { break }
+                        counter.accepted += 1
+                        close(c)
+                    }
+                    return 0
+                }, Unmanaged.passUnretained(counter).toOpaque()) >= 0)
+                startConnector(path, connections: connections)
+                _ = try loop.run(until: { counter.accepted >= connections }, timeout: .seconds(120))
+                rawAccepts.append(Double(counter.accepted) / (Double(monotonicNanos() - began) / 1e9))
+                sd_event_source_disable_unref(source)
+            } else {
+                let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
+                let runtime = Runtime(CountingProgram(fd: listener, listening: true), driver: driver)
+                try runtime.start()
+                startConnector(path, connections: connections)
+                _ = try loop.run(until: { runtime.model.accepted >= connections }, timeout: .seconds(120))
+                oursAccepts.append(Double(runtime.model.accepted) / (Double(monotonicNanos() - began) / 1e9))
+                runtime.shutdown()
+            }
+            close(listener)
+            unlink(path)
+            rmdir(dir)
+        }
+    }
+    records.append(Record(benchmark: "io", implementation: "ours", size: connections, churn: nil, unit: "accept", runs: rounds,
+                          medianNanos: 1e9 / median(oursAccepts), p99Nanos: 1e9 / (oursAccepts.min() ?? 1), perSubscription: false,
+                          extra: [("accepts_per_second", median(oursAccepts)), ("ratio_to_raw", median(oursAccepts) / median(rawAccepts))]))
+    records.append(Record(benchmark: "io", implementation: "raw", size: connections, churn: nil, unit: "accept", runs: rounds,
+                          medianNanos: 1e9 / median(rawAccepts), p99Nanos: 1e9 / (rawAccepts.min() ?? 1), perSubscription: false,
+                          extra: [("accepts_per_second", median(rawAccepts))]))
+    progress("io accepts: ours \(Int(median(oursAccepts)))/s, hand-written \(Int(median(rawAccepts)))/s, ratio \(format2(median(oursAccepts) / median(rawAccepts)))")
+}
+
+/// `x` with two decimals.
+func format2(_ x: Double) -> String {
+    let hundredths = Int((x * 100).rounded())
+    return "\(hundredths / 100).\(String(repeating: "0", count: hundredths % 100 < 10 ? 1 : 0))\(hundredths % 100)"
+}

@@ -1,0 +1,335 @@
+import CSystemd
+import Glibc
+import Reconcile
+
+extension DescriptorSource: SystemdSource {
+    /// Watches the descriptor with `sd_event_add_io` (made non-blocking).
+    ///
+    /// - Throws: `SourceFailure` when it cannot be watched (`EPERM`: a
+    ///   regular file or `/dev/null`); an owned descriptor is closed then.
+    public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
+        try DescriptorRunner(ticket: ticket, configuration: configuration, driver: context.driver)
+    }
+}
+
+/// One descriptor on the loop: bounded non-blocking reads per dispatch,
+/// framed into events; for a connection, a write queue drained on `EPOLLOUT`.
+final class DescriptorRunner: RunningSource {
+    /// Bytes read per dispatch at most, so one flooding descriptor leaves
+    /// the loop to its other sources between dispatches.
+    static let readBudget = 64 << 10
+    /// Datagrams read per dispatch at most.
+    static let datagramBudget = 64
+
+    private var ticket: SourceTicket?
+    private let configuration: DescriptorSource.Configuration
+    private let state: IOState
+    private var source: OpaquePointer?
+    private var lines: LineBuffer
+    private var buffer: [UInt8]
+    private var queue: [UInt8] = []
+    private var queueStart = 0
+    private var reading = true
+    private var open = true
+    /// Events go through the runtime's inbox: one dispatch's lines are one
+    /// batch for `update` and one reconcile, not one reconcile per line.
+    private var poster: EventPoster?
+    /// Events the inbox had no room for, in order; reading waits for them.
+    private var backlog: [DescriptorSource.Event] = []
+    private var backlogStart = 0
+    private var retry: OpaquePointer?
+    private let loop: EventLoop
+    private var fd: Int32 { configuration.fd }
+
+    init(ticket: SourceTicket, configuration: DescriptorSource.Configuration, driver: SystemdDriver) throws {
+        self.ticket = ticket
+        self.configuration = configuration
+        state = driver.io
+        loop = driver.loop
+        switch configuration.framing {
+        case .lines(let limit): lines = LineBuffer(limit: limit); buffer = [UInt8](repeating: 0, count: 16 << 10)
+        case .bytes(let chunk): lines = LineBuffer(limit: 1); buffer = [UInt8](repeating: 0, count: min(max(1, chunk), 64 << 10))
+        case .datagrams(let size): lines = LineBuffer(limit: 1); buffer = [UInt8](repeating: 0, count: max(1, size))
+        }
+        let fd = configuration.fd
+        if let c = configuration.connection, !state.mayRead(c.id) {
+            // Its descriptor is closed and its number may be another's now.
+            open = false
+            throw SourceFailure(operation: "read \(c)", code: EBADF,
+                                reason: "the connection is closed (its subscription stopped, or its listener stopped before it was subscribed)")
+        }
+        do {
+            let nb = CSystemd_set_nonblocking(fd)
+            if nb < 0 {
+                throw SourceFailure(operation: "fcntl(\(fd), O_NONBLOCK)", code: -nb, reason: "descriptor \(fd) cannot be made non-blocking: \(errorText(-nb))")
+            }
+            var s: OpaquePointer?
+            let r = sd_event_add_io(driver.loop.handle, &s, fd, UInt32(EPOLLIN.rawValue), { _, _, revents, ud in
+                Unmanaged<DescriptorRunner>.fromOpaque(ud!).takeUnretainedValue().dispatch(revents)
+                return 0
+            }, Unmanaged.passUnretained(self).toOpaque())
+            if r == -EPERM {
+                throw SourceFailure(operation: "sd_event_add_io(\(fd))", code: EPERM,
+                                    reason: "descriptor \(fd) is a regular file or /dev/null, which epoll cannot watch (under systemd a daemon's stdin is /dev/null); read a file with a task instead")
+            }
+            if r < 0 {
+                throw SourceFailure(operation: "sd_event_add_io(\(fd))", code: -r, reason: errorText(-r))
+            }
+            EventSource.account(s!)
+            source = s
+        } catch {
+            if configuration.ownsDescriptor { Glibc.close(fd) }
+            if let c = configuration.connection { state.closed(c.id) }
+            open = false
+            throw error
+        }
+        if let c = configuration.connection { state.adopt(c.id, fd: fd, by: self) }
+        poster = ticket.poster()
+    }
+
+    /// Hands `events` to the program in order, through the inbox.
+    private func deliver(_ events: [DescriptorSource.Event]) {
+        guard ticket != nil, !events.isEmpty else { return }
+        if backlogStart < backlog.count {
+            backlog.append(contentsOf: events)
+        } else {
+            backlog = events
+            backlogStart = 0
+        }
+        drainBacklog()
+    }
+
+    private func drainBacklog() {
+        guard let poster, ticket != nil else {
+            backlog = []
+            backlogStart = 0
+            return
+        }
+        while backlogStart < backlog.count {
+            switch poster.post(backlog[backlogStart]) {
+            case .accepted:
+                backlogStart += 1
+            case .closed:
+                backlog = []
+                backlogStart = 0
+                return
+            case .full:
+                // The inbox is full: retry from a later iteration (after
+                // the runtime pumped it); reading waits meanwhile.
+                armRetry()
+                updateEvents()
+                return
+            }
+        }
+        backlog = []
+        backlogStart = 0
+        updateEvents()
+    }
+
+    /// A retry 1 ms later (a timer: a deferred source re-armed from its own
+    /// dispatch would come before the runtime's wake-up, again and again).
+    private func armRetry() {
+        let due = usecAdd(loop.now(), 1000)
+        if let retry {
+            sd_event_source_set_time(retry, due)
+            sd_event_source_set_enabled(retry, Int32(SD_EVENT_ONESHOT))
+            return
+        }
+        var t: OpaquePointer?
+        if sd_event_add_time(loop.handle, &t, CLOCK_MONOTONIC, due, 1000, { _, _, ud in
+            Unmanaged<DescriptorRunner>.fromOpaque(ud!).takeUnretainedValue().drainBacklog()
+            return 0
+        }, Unmanaged.passUnretained(self).toOpaque()) >= 0 {
+            EventSource.account(t!)
+            retry = t
+        }
+    }
+
+    func retune(to configuration: AnyHashable) throws {}
+
+    private func dispatch(_ revents: UInt32) {
+        if revents & UInt32(EPOLLOUT.rawValue) != 0 {
+            flush()
+            guard open else { return }
+        }
+        if reading, revents & UInt32(EPOLLIN.rawValue | EPOLLHUP.rawValue | EPOLLERR.rawValue) != 0 {
+            if case .datagrams(let size) = configuration.framing { readDatagrams(size) } else { readStream() }
+        }
+        updateEvents()
+    }
+
+    private func readStream() {
+        var budget = Self.readBudget
+        var events: [DescriptorSource.Event] = []
+        var items: [LineBuffer.Item] = []
+        var ended = false
+        var failure: Int32 = 0
+        while budget > 0 {
+            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, min($0.count, budget)) }
+            if n > 0 {
+                budget -= n
+                switch configuration.framing {
+                case .lines:
+                    buffer.withUnsafeBytes { lines.feed(UnsafeRawBufferPointer(rebasing: $0[..<n]), into: &items) }
+                case .bytes, .datagrams:
+                    events.append(.bytes(Array(buffer[..<n])))
+                }
+            } else if n == 0 {
+                ended = true
+                break
+            } else {
+                let e = errno
+                if e == EINTR { continue }
+                if e != EAGAIN && e != EWOULDBLOCK { failure = e }
+                break
+            }
+        }
+        if ended { lines.finish(into: &items) }
+        if case .lines(let limit) = configuration.framing {
+            events = items.map { item in
+                switch item {
+                case .line(let s): .line(s)
+                case .tooLong: .lineTooLong(limit: limit)
+                }
+            }
+        }
+        if ended || failure != 0 { reading = false }
+        if ended { events.append(.endOfFile) }
+        deliver(events)
+        if failure != 0 {
+            ticket?.fail(SourceFailure(operation: "read(\(fd))", code: failure, reason: errorText(failure)))
+        }
+    }
+
+    private func readDatagrams(_ size: Int) {
+        var events: [DescriptorSource.Event] = []
+        var failure: Int32 = 0
+        for _ in 0..<Self.datagramBudget {
+            var storage = sockaddr_storage()
+            var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+            let n = buffer.withUnsafeMutableBytes { b in
+                withUnsafeMutablePointer(to: &storage) { p in
+                    p.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                        recvfrom(fd, b.baseAddress, b.count, Int32(MSG_TRUNC), $0, &length)
+                    }
+                }
+            }
+            if n >= 0 {
+                events.append(.datagram(Array(buffer[..<min(n, size)]), from: peerAddress(storage, length), truncated: n > size))
+            } else {
+                let e = errno
+                if e == EINTR { continue }
+                if e != EAGAIN && e != EWOULDBLOCK { failure = e }
+                break
+            }
+        }
+        if failure != 0 { reading = false }
+        deliver(events)
+        if failure != 0 {
+            ticket?.fail(SourceFailure(operation: "recvfrom(\(fd))", code: failure, reason: errorText(failure)))
+        }
+    }
+
+    /// Reading and whether writes wait decide the epoll mask; neither: off
+    /// (a hung-up descriptor is not dispatched again and again).
+    private func updateEvents() {
+        guard let source, open else { return }
+        var mask: UInt32 = 0
+        if reading, backlogStart == backlog.count { mask |= UInt32(EPOLLIN.rawValue) }
+        if queueStart < queue.count { mask |= UInt32(EPOLLOUT.rawValue) }
+        if mask == 0 {
+            sd_event_source_set_enabled(source, Int32(SD_EVENT_OFF))
+        } else {
+            sd_event_source_set_io_events(source, mask)
+            sd_event_source_set_enabled(source, Int32(SD_EVENT_ON))
+        }
+    }
+
+    /// One non-blocking write; the count written, or -errno.
+    private func writeSome(_ bytes: UnsafeRawBufferPointer) -> Int {
+        while true {
+            var n = send(fd, bytes.baseAddress, bytes.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL))
+            if n < 0, errno == ENOTSOCK { n = Glibc.write(fd, bytes.baseAddress, bytes.count) }
+            if n >= 0 { return n }
+            let e = errno
+            if e == EINTR { continue }
+            if e == EAGAIN || e == EWOULDBLOCK { return 0 }
+            return -Int(e)
+        }
+    }
+
+    func write(_ bytes: [UInt8]) -> SystemdDriver.WriteOutcome {
+        guard open, ticket != nil else { return .closed }
+        var rest = bytes[...]
+        if queueStart == queue.count {
+            queue.removeAll(keepingCapacity: true)
+            queueStart = 0
+            let n = bytes.withUnsafeBytes { writeSome($0) }
+            if n < 0 {
+                closeConnection(.writeFailed(errno: Int32(-n)))
+                return .closed
+            }
+            if n == bytes.count { return .sent }
+            rest = bytes[n...]
+        }
+        queue.append(contentsOf: rest)
+        let queued = queue.count - queueStart
+        if queued > configuration.writeQueueLimit {
+            closeConnection(.writeQueueFull(queued: queued))
+            return .closed
+        }
+        updateEvents()
+        return .queued(bytes: queued)
+    }
+
+    private func flush() {
+        while queueStart < queue.count {
+            let n = queue.withUnsafeBytes { writeSome(UnsafeRawBufferPointer(rebasing: $0[queueStart...])) }
+            if n < 0 { return closeConnection(.writeFailed(errno: Int32(-n))) }
+            if n == 0 { break }
+            queueStart += n
+        }
+        if queueStart == queue.count {
+            queue.removeAll(keepingCapacity: false)
+            queueStart = 0
+        } else if queueStart > queue.count / 2 {
+            queue.removeFirst(queueStart)
+            queueStart = 0
+        }
+    }
+
+    /// Closes the descriptor now and tells the program why.
+    private func closeConnection(_ reason: DescriptorSource.CloseReason) {
+        release()
+        deliver([.closed(reason)])
+    }
+
+    private func release() {
+        guard open else { return }
+        open = false
+        reading = false
+        if let source { sd_event_source_disable_unref(source) }
+        source = nil
+        queue = []
+        queueStart = 0
+        if configuration.ownsDescriptor { Glibc.close(fd) }
+        if let c = configuration.connection { state.closed(c.id) }
+    }
+
+    func stop() {
+        ticket = nil
+        poster = nil
+        backlog = []
+        backlogStart = 0
+        if let retry { sd_event_source_disable_unref(retry) }
+        retry = nil
+        // A last attempt at what waits (the peer may have read meanwhile).
+        if open, queueStart < queue.count { flush() }
+        release()
+    }
+
+    deinit {
+        release()
+        if let retry { sd_event_source_disable_unref(retry) }
+    }
+}

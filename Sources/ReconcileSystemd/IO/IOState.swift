@@ -1,0 +1,227 @@
+import CSystemd
+import Glibc
+import Reconcile
+
+/// What the driver's descriptor, listener and process sources share: the
+/// accepted connections not yet closed (by id), the children still being
+/// stopped, and sd-event sources to release outside their own callback.
+final class IOState {
+    /// An accepted connection: its socket, the listener counting it, the
+    /// subscription reading it once one has taken it.
+    final class Entry {
+        let fd: Int32
+        weak var listener: ListenerRunner?
+        weak var reader: DescriptorRunner?
+        init(fd: Int32, listener: ListenerRunner?) {
+            self.fd = fd
+            self.listener = listener
+        }
+    }
+
+    private let loop: EventLoop
+    private(set) var nextConnection: UInt64 = 1
+    private var connections: [UInt64: Entry] = [:]
+    /// Stopped children not yet reaped, kept alive here.
+    var lingering: [ObjectIdentifier: ProcessRunner] = [:]
+    private var releases: [OpaquePointer] = []
+    private var releaser: OpaquePointer?
+
+    init(loop: EventLoop) { self.loop = loop }
+
+    /// Registers a connection `listener` just accepted; returns its id.
+    func register(fd: Int32, listener: ListenerRunner) -> UInt64 {
+        let id = nextConnection
+        nextConnection += 1
+        connections[id] = Entry(fd: fd, listener: listener)
+        return id
+    }
+
+    /// `reader` takes connection `id`: one a listener accepted, or one made
+    /// elsewhere (`SocketActivation.connection(_:)`), registered now.
+    func adopt(_ id: UInt64, fd: Int32, by reader: DescriptorRunner) {
+        if let entry = connections[id], entry.fd == fd {
+            entry.reader = reader
+            return
+        }
+        let entry = Entry(fd: fd, listener: nil)
+        entry.reader = reader
+        connections[id] = entry
+    }
+
+    /// Whether connection `id` may be read: open, or never a listener's
+    /// (one made by `SocketActivation.connection(_:)`).
+    func mayRead(_ id: UInt64) -> Bool { connections[id] != nil || id >= nextConnection }
+
+    /// The reader of connection `id`, when a subscription holds it.
+    func reader(of id: UInt64) -> DescriptorRunner? { connections[id]?.reader }
+
+    /// Connection `id` was closed by its subscription: its listener counts one less.
+    func closed(_ id: UInt64) {
+        guard let entry = connections.removeValue(forKey: id) else { return }
+        entry.listener?.connectionEnded()
+    }
+
+    /// `listener` stops: the connections no subscription took are closed
+    /// (returns how many); the others stay with their subscriptions.
+    func listenerStopped(_ listener: ListenerRunner) -> Int {
+        var closedCount = 0
+        for (id, entry) in connections where entry.listener === listener {
+            entry.listener = nil
+            if entry.reader == nil {
+                Glibc.close(entry.fd)
+                connections[id] = nil
+                closedCount += 1
+            }
+        }
+        return closedCount
+    }
+
+    /// Releases `source` from a later dispatch (it may be the one running now).
+    func releaseLater(_ source: OpaquePointer) {
+        releases.append(source)
+        if releaser == nil {
+            var s: OpaquePointer?
+            let r = sd_event_add_defer(loop.handle, &s, { _, ud in
+                Unmanaged<IOState>.fromOpaque(ud!).takeUnretainedValue().releaseNow()
+                return 0
+            }, Unmanaged.passUnretained(self).toOpaque())
+            if r >= 0 { releaser = s } else { releaseNow() }
+        } else if let releaser {
+            sd_event_source_set_enabled(releaser, Int32(SD_EVENT_ONESHOT))
+        }
+    }
+
+    private func releaseNow() {
+        let all = releases
+        releases = []
+        for s in all { sd_event_source_disable_unref(s) }
+    }
+
+    /// The driver detaches: stopped children get up to a second (within
+    /// their grace) to end after their SIGTERM, then are killed and reaped;
+    /// connections nobody took are closed.
+    func detach() {
+        let children = Array(lingering.values)
+        lingering = [:]
+        ProcessRunner.finish(children)
+        for (_, entry) in connections where entry.reader == nil { Glibc.close(entry.fd) }
+        connections = [:]
+        releaseNow()
+        if let releaser { sd_event_source_disable_unref(releaser) }
+        releaser = nil
+    }
+
+    deinit { detach() }
+}
+
+extension SystemdDriver {
+    /// The shared descriptor/listener/process state, made on first use.
+    var io: IOState {
+        if let state = ioState { return state }
+        let state = IOState(loop: loop)
+        ioState = state
+        return state
+    }
+
+    /// What a write to a connection came to.
+    public enum WriteOutcome: Equatable, Sendable {
+        /// Written to the socket in full.
+        case sent
+        /// Partly or wholly queued: `bytes` wait for the peer to read.
+        case queued(bytes: Int)
+        /// The connection is closed (by its subscription, or now: the queue
+        /// passed its limit or a write failed, reported as `.closed`).
+        case closed
+    }
+
+    /// Writes `bytes` to `connection` without blocking: what the socket does
+    /// not take now is queued and sent as the peer reads, up to the
+    /// subscription's `writeQueueLimit`; beyond it the connection is closed
+    /// and its subscription gets `.closed(.writeQueueFull)`.
+    ///
+    /// - Parameters:
+    ///   - bytes: the bytes to send.
+    ///   - connection: a connection a running `Subscription.connection` reads.
+    /// - Returns: what became of the write.
+    @discardableResult
+    public func write(_ bytes: [UInt8], to connection: Connection) -> WriteOutcome {
+        guard let reader = ioState?.reader(of: connection.id) else { return .closed }
+        return reader.write(bytes)
+    }
+
+    /// Writes `text` to `connection` (see `write(_:to:)`).
+    ///
+    /// - Parameters:
+    ///   - text: the text, sent as UTF-8.
+    ///   - connection: a connection a running `Subscription.connection` reads.
+    /// - Returns: what became of the write.
+    @discardableResult
+    public func write(_ text: String, to connection: Connection) -> WriteOutcome {
+        write(Array(text.utf8), to: connection)
+    }
+
+    /// Sends one datagram on socket `fd` to `address` (a reply to
+    /// `.datagram(_, from: address, _)`), without blocking.
+    ///
+    /// - Parameters:
+    ///   - bytes: the datagram.
+    ///   - fd: the datagram socket.
+    ///   - address: where to send it.
+    /// - Returns: 0, or the `errno` of the failed `sendto` (`EAGAIN`: the
+    ///   socket's buffer is full; the datagram was dropped).
+    @discardableResult
+    public func send(_ bytes: [UInt8], on fd: Int32, to address: PeerAddress) -> Int32 {
+        let n = bytes.withUnsafeBytes { b in
+            address.bytes.withUnsafeBytes { a in
+                sendto(fd, b.baseAddress, b.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL),
+                       a.baseAddress?.assumingMemoryBound(to: sockaddr.self), socklen_t(a.count))
+            }
+        }
+        return n < 0 ? errno : 0
+    }
+}
+
+/// The text in a NUL-terminated C buffer.
+func cText(_ buffer: [CChar]) -> String {
+    String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+/// The text of `errno` value `code`.
+func errorText(_ code: Int32) -> String { String(cString: strerror(code)) }
+
+/// The address in `storage` (`length` bytes), as bytes and text.
+func peerAddress(_ storage: sockaddr_storage, _ length: socklen_t) -> PeerAddress {
+    var copy = storage
+    let bytes = withUnsafeBytes(of: &copy) { Array($0.prefix(Int(length))) }
+    var text = "?"
+    withUnsafePointer(to: &copy) { p in
+        switch Int32(storage.ss_family) {
+        case AF_INET:
+            p.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in
+                var a = sin.pointee.sin_addr
+                var buffer = [CChar](repeating: 0, count: Int(INET_ADDRSTRLEN))
+                inet_ntop(AF_INET, &a, &buffer, socklen_t(buffer.count))
+                text = "\(cText(buffer)):\(UInt16(bigEndian: sin.pointee.sin_port))"
+            }
+        case AF_INET6:
+            p.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin in
+                var a = sin.pointee.sin6_addr
+                var buffer = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN))
+                inet_ntop(AF_INET6, &a, &buffer, socklen_t(buffer.count))
+                text = "[\(cText(buffer))]:\(UInt16(bigEndian: sin.pointee.sin6_port))"
+            }
+        case AF_UNIX:
+            let pathBytes = bytes.dropFirst(2)
+            if pathBytes.isEmpty || pathBytes.allSatisfy({ $0 == 0 }) {
+                text = "unix"
+            } else if pathBytes.first == 0 {
+                text = "unix:@" + String(decoding: pathBytes.dropFirst().prefix { $0 != 0 }, as: UTF8.self)
+            } else {
+                text = "unix:" + String(decoding: pathBytes.prefix { $0 != 0 }, as: UTF8.self)
+            }
+        default:
+            text = "family \(storage.ss_family)"
+        }
+    }
+    return PeerAddress(bytes: bytes, description: text)
+}
