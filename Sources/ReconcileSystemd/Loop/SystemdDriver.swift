@@ -40,6 +40,8 @@ public final class SystemdDriver: Driver {
     private var inotifyKeeper: EventSource?
     /// The file watches' shared directory watches (see `DirectoryWatches`).
     lazy var directoryWatches = DirectoryWatches(loop: loop)
+    /// The bus sources' and calls' connections, one per bus (see `Bus/`).
+    lazy var buses = BusConnections(loop: loop, logger: logger)
 
     /// A driver for sources on `loop`.
     public init(loop: EventLoop, logger: Logger = Logger()) {
@@ -219,6 +221,7 @@ public final class SystemdDriver: Driver {
         }
         // Stopped watch runners keep their (off) flush source for reuse.
         for watch in spareWatches { watch.release() }
+        buses.close()
         wakeSource?.close()
         wakeSource = nil
         inotifyKeeper?.close()

@@ -91,6 +91,22 @@ public enum BusSignalSource: Source {
 
         /// `bus rule`, as plans show it.
         public var description: String { "\(bus) \(rule)" }
+
+        /// Whether `signal` matches this rule: path, interface, member and
+        /// string arguments as the bus compares them; the sender when it is
+        /// the configured name itself or `owner`, that name's current owner
+        /// (the test kit's matching; the driver leaves the rule to the bus).
+        public func admits(_ signal: BusSignal, owner: String? = nil) -> Bool {
+            if let sender, signal.sender != sender, signal.sender != owner { return false }
+            if let path, signal.path != path { return false }
+            if let interface, signal.interface != interface { return false }
+            if let member, signal.member != member { return false }
+            for (i, v) in arguments {
+                guard i < signal.arguments.count, signal.arguments[i].string == v,
+                      case .string = signal.arguments[i] else { return false }
+            }
+            return true
+        }
     }
 
     /// What a signal subscription reports.

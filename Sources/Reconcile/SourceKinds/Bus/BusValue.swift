@@ -8,7 +8,7 @@ import Synchronization
 /// (`value.string` of `v` holding `s` is the string), so a property read as
 /// a variant reads as its content. Build values by hand in tests:
 /// `.dictionary(["State": .variant(.string("on"))])`.
-public indirect enum BusValue: Hashable, Sendable {
+public enum BusValue: Hashable, Sendable {
     /// `y`.
     case byte(UInt8)
     /// `b`.
@@ -42,7 +42,7 @@ public indirect enum BusValue: Hashable, Sendable {
     /// `(...)`: one or more fields.
     case structure([BusValue])
     /// `v`: a value with its own type.
-    case variant(BusValue)
+    indirect case variant(BusValue)
 
     /// The value's complete type.
     public var type: BusType {

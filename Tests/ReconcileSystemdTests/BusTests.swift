@@ -1,0 +1,277 @@
+import Foundation
+import Reconcile
+@testable import ReconcileSystemd
+import Testing
+
+private let service = "org.example.Standin"
+private let iface = "org.example.Standin"
+
+private func stateProperty(_ bus: PrivateBus, type: BusType? = .string) -> BusPropertySource.Configuration {
+    .init(bus: bus.busAddress, service: service, path: "/standin", interface: iface, property: "State", type: type)
+}
+
+extension SystemdTests {
+    /// Bus sources on a private dbus-daemon, against a python3-dbus stand-in
+    /// service and clients no one here wrote (busctl, gdbus, dbus-monitor).
+    @Suite struct Bus {
+        @Test func aSignalReachesUpdateAndTheSameSignalFromANonOwnerIsNeverDelivered() throws {
+            let bus = try PrivateBus()
+            let standin = try Standin(bus)
+            let owned = BusSignalSource.Configuration(bus: bus.busAddress, sender: service, interface: iface, member: "Ping")
+            // A broader match on the same connection lets the forgeries reach
+            // sd-bus's local matcher (the trap the owner check closes).
+            let any = BusSignalSource.Configuration(bus: bus.busAddress, interface: iface, member: "Ping")
+            let h = try Harness(BusWatcher(wants: [.signal("owned", owned), .signal("any", any), .name(.init(bus: bus.busAddress, name: service))]))
+            try h.run(until: { h.names == [.appeared(owner: standin.unique)] })
+            try h.roundTrip(bus.busAddress)
+            #expect(run("gdbus emit --address \(bus.address) --object-path /standin --signal \(iface).Ping forged-by-gdbus"))
+            #expect(run("busctl --address=\(bus.address) emit /standin \(iface) Ping s forged-by-busctl"))
+            standin.command("ping real")
+            try h.run(until: { h.signals("any").count == 3 })
+            let anyTexts = h.signals("any").compactMap { $0.signal?.arguments.first?.string }
+            #expect(Set(anyTexts) == ["forged-by-gdbus", "forged-by-busctl", "real"])
+            try h.run(for: .milliseconds(50))
+            let ownedSignals = h.signals("owned")
+            #expect(ownedSignals.map { $0.signal?.arguments } == [[.string("real")]])
+            #expect(ownedSignals.first?.signal?.sender == standin.unique)
+            #expect(ownedSignals.first?.signal?.member == "Ping")
+            #expect(ownedSignals.first?.signal?.path == "/standin")
+        }
+
+        @Test func nameAndPropertyFollowTheOwnerKilledByPIDAndRestarted() throws {
+            let bus = try PrivateBus()
+            var standin = try Standin(bus, state: "one")
+            let first = standin.unique
+            let h = try Harness(BusWatcher(wants: [.name(.init(bus: bus.busAddress, name: service)), .property(stateProperty(bus))]))
+            try h.run(until: { h.names.count == 1 && h.properties.count == 1 })
+            #expect(h.names == [.appeared(owner: first)])
+            #expect(h.properties == [.value(.string("one"))])
+            standin.kill()
+            try h.run(until: { h.names.count == 2 && h.properties.count == 2 })
+            #expect(h.names.last == .vanished)
+            #expect(h.properties.last == .vanished)
+            standin = try Standin(bus, state: "two")
+            try h.run(until: { h.names.count == 3 && h.properties.count == 3 })
+            #expect(standin.unique != first)
+            #expect(h.names == [.appeared(owner: first), .vanished, .appeared(owner: standin.unique)])
+            #expect(h.properties == [.value(.string("one")), .vanished, .value(.string("two"))])
+        }
+
+        @Test func changedAndInvalidatedPropertiesBothYieldTheNewValueAndAWrongTypeIsAFailure() throws {
+            let bus = try PrivateBus()
+            let standin = try Standin(bus, state: "one")
+            let h = try Harness(BusWatcher(wants: [.property(stateProperty(bus))]))
+            try h.run(until: { h.properties == [.value(.string("one"))] })
+            standin.command("state two")
+            try h.run(until: { h.properties.count == 2 })
+            #expect(h.properties.last == .value(.string("two")))
+            standin.command("invalidate three")
+            try h.run(until: { h.properties.count == 3 })
+            #expect(h.properties.last == .value(.string("three")))
+            standin.command("wrongtype")
+            try h.run(until: { h.properties.count == 4 })
+            guard case .failed(let f) = h.properties.last else {
+                Issue.record("expected a failure, got \(h.properties)")
+                return
+            }
+            #expect(f.reason == "the value is of type i, the program expects s")
+            // Still followed after the failure.
+            standin.command("state four")
+            try h.run(until: { h.properties.count == 5 })
+            #expect(h.properties.last == .value(.string("four")))
+        }
+
+        @Test func aKilledAndRestartedBusDaemonIsOneFailurePerSourceThenEverythingRecovers() throws {
+            let bus = try PrivateBus()
+            var standin = try Standin(bus)
+            let owned = BusSignalSource.Configuration(bus: bus.busAddress, sender: service, interface: iface, member: "Ping")
+            let h = try Harness(BusWatcher(wants: [.signal("owned", owned), .name(.init(bus: bus.busAddress, name: service)),
+                                                   .property(stateProperty(bus))]))
+            try h.run(until: { h.names.count == 1 && h.properties.count == 1 })
+            let before = h.events.count
+            bus.kill()
+            standin.kill()
+            try h.run(until: { h.events.count >= before + 3 })
+            // Down for a while: several reconnects are refused, no more failures.
+            try h.run(for: .milliseconds(800))
+            let failures = h.events[before...]
+            #expect(failures.count == 3, "\(failures)")
+            #expect(h.signals("owned").filter(\.isFailure).count == 1)
+            #expect(h.names.filter { if case .failed = $0 { true } else { false } }.count == 1)
+            #expect(h.properties.filter { if case .failed = $0 { true } else { false } }.count == 1)
+            if case .failed(let f) = h.names.last {
+                #expect(f.reason == "lost the connection to the \(bus.address) bus (Disconnected)")
+            }
+            try bus.start()
+            standin = try Standin(bus, state: "again")
+            try h.run(until: { h.names.last == .appeared(owner: standin.unique) && h.properties.last == .value(.string("again")) },
+                      timeout: .seconds(10))
+            try h.roundTrip(bus.busAddress)
+            standin.command("ping after")
+            try h.run(until: { h.signals("owned").last?.signal?.arguments == [.string("after")] })
+        }
+
+        @Test func aBusMissingAtStartIsAFailureNotACrashAndIsConnectedWhenItAppears() throws {
+            let bus = try PrivateBus()
+            bus.kill()
+            let h = try Harness(BusWatcher(wants: [.name(.init(bus: bus.busAddress, name: service))]))
+            try h.run(until: { h.names.count == 1 })
+            guard case .failed(let f) = h.names.first else { Issue.record("\(h.names)"); return }
+            #expect(f.operation == "sd_bus_start")
+            try h.run(for: .milliseconds(400))
+            #expect(h.names.count == 1)
+            try bus.start()
+            try h.run(until: { h.names.count == 2 }, timeout: .seconds(10))
+            #expect(h.names.last == .vanished)
+        }
+
+        @Test func methodCallsReturnValuesErrorsTimeOutAndAreDroppedWhenCancelled() throws {
+            let bus = try PrivateBus()
+            let standin = try Standin(bus)
+            defer { withExtendedLifetime(standin) {} }
+            let loop = try EventLoop()
+            let driver = SystemdDriver(loop: loop, logger: Logger(level: .error, handler: .stderr))
+            defer { driver.detach() }
+            let caller = driver.bus
+            let address = bus.busAddress
+            func result(_ call: @escaping @Sendable () async throws -> [BusValue]) throws -> Result<[BusValue], any Error>? {
+                let box = Box<Result<[BusValue], any Error>>()
+                Task(executorPreference: loop.taskExecutor) {
+                    do { box.set(.success(try await call())) } catch { box.set(.failure(error)) }
+                }
+                _ = try loop.run(until: { box.value != nil }, timeout: .seconds(5))
+                return box.value
+            }
+            let echo = try result { try await caller.call(bus: address, service, "/standin", iface, "Echo", ["hello"]) }
+            #expect(try echo?.get() == [.string("hello")])
+            let state = try result { [try await caller.property(bus: address, service, "/standin", iface, "State")] }
+            #expect(try state?.get() == [.string("one")])
+            let failed = try result { try await caller.call(bus: address, service, "/standin", iface, "Fail") }
+            #expect(throws: BusError("org.example.Error.Failed", "it failed on purpose")) { try failed?.get() }
+            let started = ContinuousClock.now
+            let hung = try result { try await caller.call(bus: address, service, "/standin", iface, "Hang", timeout: .milliseconds(300)) }
+            #expect(throws: BusError(BusError.noReply, "Method call timed out")) { try hung?.get() }
+            #expect(ContinuousClock.now - started < .seconds(2))
+            let unsendable = try result { try await caller.call(bus: address, service, "/standin", iface, "Echo", [.string("a\u{0}b")]) }
+            #expect { try unsendable?.get() } throws: { ($0 as? BusError)?.name == BusError.invalidArgs }
+            #expect(driver.busPendingCalls(address) == 0)
+
+            // Cancelled with its task while waiting for the reply: CancellationError,
+            // the slot released. 10 batches of 1,000 calls the peer never answers.
+            final class Counter: @unchecked Sendable {
+                let lock = NSLock(); var n = 0
+                func add() { lock.withLock { n += 1 } }
+                var value: Int { lock.withLock { n } }
+            }
+            let ended = Counter()
+            let fds = openDescriptors()
+            for batch in 1...10 {
+                let tasks = (0..<1_000).map { _ in
+                    Task(executorPreference: loop.taskExecutor) {
+                        do { _ = try await caller.call(bus: address, service, "/standin", iface, "Hang") } catch is CancellationError { ended.add() } catch {}
+                    }
+                }
+                _ = try loop.run(until: { driver.busPendingCalls(address) == 1_000 }, timeout: .seconds(10))
+                #expect(driver.busPendingCalls(address) == 1_000)
+                for t in tasks { t.cancel() }
+                _ = try loop.run(until: { ended.value == batch * 1_000 }, timeout: .seconds(10))
+                #expect(driver.busPendingCalls(address) == 0)
+            }
+            #expect(ended.value == 10_000)
+            #expect(openDescriptors().subtracting(fds).isEmpty)
+            // Cancelled before it started: never sent.
+            let early = Task(executorPreference: loop.taskExecutor) { () -> Bool in
+                withUnsafeCurrentTask { $0?.cancel() }
+                do { _ = try await caller.call(bus: address, service, "/standin", iface, "Echo", ["x"]); return false } catch { return error is CancellationError }
+            }
+            let earlyBox = Box<Bool>()
+            Task(executorPreference: loop.taskExecutor) { earlyBox.set(await early.value) }
+            _ = try loop.run(until: { earlyBox.value != nil }, timeout: .seconds(5))
+            #expect(earlyBox.value == true)
+            // One started and then cancelled while it waits.
+            let waiting = Task(executorPreference: loop.taskExecutor) {
+                try await caller.call(bus: address, service, "/standin", iface, "Hang")
+            }
+            _ = try loop.run(until: { driver.busPendingCalls(address) == 1 }, timeout: .seconds(5))
+            waiting.cancel()
+            _ = try loop.run(until: { driver.busPendingCalls(address) == 0 }, timeout: .seconds(5))
+            #expect(driver.busPendingCalls(address) == 0)
+        }
+
+        @Test func hostileSignalsAreDecodedOrAFailureNeverACrashOrAHang() throws {
+            let bus = try PrivateBus()
+            let standin = try Standin(bus)
+            let hostile = BusSignalSource.Configuration(bus: bus.busAddress, sender: service, interface: iface, member: "Hostile")
+            let h = try Harness(BusWatcher(wants: [.signal("h", hostile), .name(.init(bus: bus.busAddress, name: service))]))
+            try h.run(until: { h.names.count == 1 })
+            try h.roundTrip(bus.busAddress)
+            for kind in ["args", "array", "deep", "big"] { standin.command("hostile \(kind)") }
+            try h.run(until: { h.signals("h").count == 4 }, timeout: .seconds(10))
+            let got = h.signals("h").compactMap(\.signal)
+            guard got.count == 4 else { Issue.record("\(h.signals("h"))"); return }
+            #expect(got[0].arguments.count == 255)
+            #expect(got[1].arguments.first?.elements?.count == 10_000)
+            var depth = 0
+            var v = got[2].arguments.first
+            while case .variant(let inner)? = v { depth += 1; v = inner }
+            #expect(depth == 64)
+            #expect(v == .string("deep"))
+            #expect(got[3].arguments.first?.string?.utf8.count == 1 << 20)
+        }
+
+        @Test func tenThousandStartStopCyclesBalanceAddMatchAndRemoveMatchWithDescriptorsFlat() throws {
+            let bus = try PrivateBus()
+            let standin = try Standin(bus)
+            defer { withExtendedLifetime(standin) {} }
+            let c = BusSignalSource.Configuration(bus: bus.busAddress, sender: service, interface: iface, member: "Ping")
+            let h = try Harness(BusWatcher(wants: [.signal("s", c)]))
+            try h.roundTrip(bus.busAddress)
+            let monitor = try Child("/usr/bin/dbus-monitor", ["--address", bus.address,
+                                                             "type='method_call',interface='org.freedesktop.DBus',member='AddMatch'",
+                                                             "type='method_call',interface='org.freedesktop.DBus',member='RemoveMatch'"])
+            defer { monitor.signal(SIGKILL); _ = monitor.wait() }
+            // The monitor is in place once it sees a marker AddMatch.
+            let marker = "type='signal',member='MonitorReady'"
+            var seen = (add: 0, remove: 0)
+            func count(until done: () -> Bool, timeout: Duration) {
+                let deadline = ContinuousClock.now + timeout
+                while !done(), ContinuousClock.now < deadline {
+                    guard let l = monitor.line(timeout: deadline - ContinuousClock.now) else { break }
+                    if l.contains("member=AddMatch") { seen.add += 1 }
+                    if l.contains("member=RemoveMatch") { seen.remove += 1 }
+                    if l.contains("MonitorReady") { seen = (0, 0) }
+                }
+            }
+            var ready = false
+            for _ in 0..<10 where !ready {
+                #expect(run("dbus-send --address=\(bus.address) --dest=org.freedesktop.DBus /org/freedesktop/DBus org.freedesktop.DBus.AddMatch string:\"\(marker)\""))
+                let l = monitor.line(matching: { $0.contains("MonitorReady") }, timeout: .seconds(1))
+                ready = l != nil
+            }
+            try #require(ready, "dbus-monitor never saw the marker")
+            seen = (0, 0)
+            let fds = openDescriptors()
+            let counted = h.driver.busMatchCounts(bus.busAddress)
+            let cycles = 10_000
+            let clock = ContinuousClock()
+            let elapsed = try clock.measure {
+                for i in 0..<cycles {
+                    try h.runtime.send(.on(false))
+                    try h.runtime.send(.on(true))
+                    if i % 256 == 0 { _ = try h.loop.runOnce(timeout: .zero) }
+                }
+                try h.roundTrip(bus.busAddress)
+            }
+            let after = h.driver.busMatchCounts(bus.busAddress)
+            // Each cycle: the signal match and the owner's NameOwnerChanged match.
+            #expect(after.added - counted.added == 2 * cycles)
+            #expect(after.removed - counted.removed == 2 * cycles)
+            count(until: { seen.add == 2 * cycles && seen.remove == 2 * cycles }, timeout: .seconds(30))
+            print("bus: \(cycles) start/stop cycles in \(elapsed); dbus-monitor saw \(seen.add) AddMatch, \(seen.remove) RemoveMatch")
+            #expect(seen.add == 2 * cycles)
+            #expect(seen.remove == seen.add)
+            #expect(openDescriptors().subtracting(fds).isEmpty)
+            #expect(h.runtime.stats.starts == cycles + 1)
+        }
+    }
+}
