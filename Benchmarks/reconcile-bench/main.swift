@@ -21,6 +21,8 @@ let usage = """
       groups        one group changed among 1,000 groups of 1,000 (memoized
                     groups vs rebuilding all vs a hand-cached flat set)
       effects       command -> task -> message round trips: task registry vs raw Task + Sender
+      bus           D-Bus signals per second to update (busSignal) vs a hand-written sd-bus match
+                    (starts a private dbus-daemon)
 
     options:
       --quick               a run under a minute (fewer sizes and runs)
@@ -37,7 +39,7 @@ let usage = """
 
     """
 
-let allBenchmarks = ["reconcile", "retune", "memory", "messages", "loop-timers", "loop-watches", "lateness", "loop-noop", "groups", "effects"]
+let allBenchmarks = ["reconcile", "retune", "memory", "messages", "loop-timers", "loop-watches", "lateness", "loop-noop", "groups", "effects", "bus"]
 
 func warn(_ text: String) {
     var line = Array("warning: \(text)\n".utf8)
@@ -169,6 +171,7 @@ do {
     if selected.contains("lateness") { try latenessBenchmark(ticks: quick ? 100 : 500, interval: .milliseconds(10), into: &records) }
     if selected.contains("loop-noop") { loopNoopBenchmark(count: 10_000, budget: budget, into: &records) }
     if selected.contains("effects") { try effectsBenchmark(count: quick ? 10_000 : 50_000, rounds: quick ? 3 : 7, into: &records) }
+    if selected.contains("bus") { try busBenchmark(count: quick ? 5_000 : 20_000, rounds: quick ? 3 : 7, into: &records) }
 } catch {
     fail("real loop: \(error)")
 }
@@ -227,6 +230,7 @@ if !lateness.isEmpty {
 }
 
 printEffects(records)
+printBus(records)
 
 let noop = of("loop-noop")
 if !noop.isEmpty {

@@ -1,3 +1,4 @@
+import CSystemd
 import Foundation
 import Reconcile
 @testable import ReconcileSystemd
@@ -273,5 +274,49 @@ extension SystemdTests {
             #expect(openDescriptors().subtracting(fds).isEmpty)
             #expect(h.runtime.stats.starts == cycles + 1)
         }
+    }
+}
+
+extension SystemdTests.Bus {
+    /// Invalid UTF-8 in a string: the generic reader throws (sd-bus's
+    /// -EBADMSG) instead of trapping; sent through the daemon, the daemon
+    /// drops the raw sender and the subscription goes on.
+    @Test func invalidUTF8IsAnErrorForTheReaderAndNeverReachesOrStopsASubscription() throws {
+        let bus = try PrivateBus()
+        let standin = try Standin(bus)
+        defer { withExtendedLifetime(standin) {} }
+        let any = BusSignalSource.Configuration(bus: bus.busAddress, interface: iface)
+        let h = try Harness(BusWatcher(wants: [.signal("any", any)]))
+        try h.roundTrip(bus.busAddress)
+
+        // A raw sender: its own sd-bus connection, a string with bytes 0xff 0xfe.
+        var raw: OpaquePointer?
+        #expect(sd_bus_new(&raw) >= 0)
+        defer { sd_bus_flush_close_unref(raw) }
+        #expect(sd_bus_set_address(raw, bus.address) >= 0)
+        #expect(sd_bus_set_bus_client(raw, 1) >= 0)
+        #expect(sd_bus_start(raw) >= 0)
+        func invalid() -> OpaquePointer? {
+            var m: OpaquePointer?
+            guard sd_bus_message_new_signal(raw, &m, "/standin", iface, "Ping") >= 0 else { return nil }
+            var p: UnsafeMutablePointer<CChar>?
+            guard sd_bus_message_append_string_space(m, 4, &p) >= 0, let p else { return nil }
+            for (i, b) in [0x61, 0xff, 0xfe, 0x62].enumerated() { p[i] = CChar(bitPattern: UInt8(b)) }
+            return m
+        }
+        let local = try #require(invalid())
+        defer { sd_bus_message_unref(local) }
+        #expect(sd_bus_message_seal(local, 1, 0) >= 0)
+        #expect(sd_bus_message_rewind(local, 1) >= 0)
+        #expect(throws: SystemdError("sd_bus_message_read_basic", errno: EBADMSG)) { try BusMarshalling.readAll(local) }
+
+        let sent = try #require(invalid())
+        defer { sd_bus_message_unref(sent) }
+        _ = sd_bus_send(raw, sent, nil)
+        _ = sd_bus_flush(raw)
+        standin.command("ping valid")
+        try h.run(until: { !h.signals("any").isEmpty })
+        try h.run(for: .milliseconds(50))
+        #expect(h.signals("any").map { $0.signal?.arguments } == [[.string("valid")]])
     }
 }
