@@ -34,7 +34,10 @@ final class PrivateBus {
     /// Starts the daemon (again, after `kill`) on the same socket path.
     func start() throws {
         unlink(directory + "/bus")
-        guard let text = output("dbus-daemon --config-file=\(directory)/bus.conf --fork --nopidfile --print-pid=1 </dev/null"),
+        unlink(directory + "/pid")
+        // The forked daemon keeps no pipe of ours open (its pid goes to a file).
+        guard sh("dbus-daemon --config-file=\(directory)/bus.conf --fork --nopidfile --print-pid=3 3>\(directory)/pid </dev/null >/dev/null 2>&1"),
+              let text = try? String(contentsOfFile: directory + "/pid", encoding: .utf8),
               let pid = pid_t(text.trimmingCharacters(in: .whitespacesAndNewlines)) else {
             throw POSIXError(.ENOENT)
         }
@@ -112,8 +115,11 @@ final class Standin {
     deinit { kill() }
 }
 
-/// Runs a command to its end (with `output`'s ground truth helper).
-func run(_ command: String) -> Bool { output(command + " >/dev/null 2>&1 && echo ok") != nil }
+/// Runs a client command to its end (posix_spawn and waitpid: no Foundation
+/// process monitor, which needs SIGCHLD that signal tests may block).
+func run(_ command: String, sourceLocation: SourceLocation = #_sourceLocation) -> Bool {
+    sh(command + " </dev/null >/dev/null", sourceLocation: sourceLocation)
+}
 
 /// What a bus test program records.
 enum BusEvent: Hashable {

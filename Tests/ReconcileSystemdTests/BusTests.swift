@@ -25,7 +25,7 @@ extension SystemdTests {
             let h = try Harness(BusWatcher(wants: [.signal("owned", owned), .signal("any", any), .name(.init(bus: bus.busAddress, name: service))]))
             try h.run(until: { h.names == [.appeared(owner: standin.unique)] })
             try h.roundTrip(bus.busAddress)
-            #expect(run("gdbus emit --address \(bus.address) --object-path /standin --signal \(iface).Ping forged-by-gdbus"))
+            #expect(run("DBUS_SESSION_BUS_ADDRESS=\(bus.address) gdbus emit --session --object-path /standin --signal \(iface).Ping \"'forged-by-gdbus'\""))
             #expect(run("busctl --address=\(bus.address) emit /standin \(iface) Ping s forged-by-busctl"))
             standin.command("ping real")
             try h.run(until: { h.signals("any").count == 3 })
