@@ -13,7 +13,7 @@ private func stateProperty(_ bus: PrivateBus, type: BusType? = .string) -> BusPr
 
 extension SystemdTests {
     /// Bus sources on a private dbus-daemon, against a python3-dbus stand-in
-    /// service and clients no one here wrote (busctl, gdbus, dbus-monitor).
+    /// service and clients no one here wrote (busctl, gdbus, dbus-send via sh).
     @Suite struct Bus {
         @Test func aSignalReachesUpdateAndTheSameSignalFromANonOwnerIsNeverDelivered() throws {
             let bus = try PrivateBus()
@@ -207,50 +207,45 @@ extension SystemdTests {
             try h.run(until: { h.names.count == 1 })
             try h.roundTrip(bus.busAddress)
             for kind in ["args", "array", "deep", "big"] { standin.command("hostile \(kind)") }
-            try h.run(until: { h.signals("h").count == 4 }, timeout: .seconds(10))
+            // The 255-argument signal (the signature limit: 10,000 top-level
+            // arguments cannot be expressed) goes out on the wire (dbus-monitor
+            // shows it) but sd-bus drops it before any callback: no event.
+            try h.run(until: { h.signals("h").count == 3 }, timeout: .seconds(10))
+            try h.run(for: .milliseconds(50))
+            let summary = h.signals("h").map { e -> String in
+                switch e {
+                case .received(let s): "\(s.arguments.count) args, first \(s.arguments.first?.type.description ?? "-")"
+                case .failed(let f): "failed \(f)"
+                }
+            }
+            #expect(summary == ["1 args, first as", "1 args, first v", "1 args, first s"])
             let got = h.signals("h").compactMap(\.signal)
-            guard got.count == 4 else { Issue.record("\(h.signals("h"))"); return }
-            #expect(got[0].arguments.count == 255)
-            #expect(got[1].arguments.first?.elements?.count == 10_000)
+            guard got.count == 3 else { return }
+            #expect(got[0].arguments.first?.elements?.count == 10_000)
             var depth = 0
-            var v = got[2].arguments.first
+            var v = got[1].arguments.first
             while case .variant(let inner)? = v { depth += 1; v = inner }
             #expect(depth == 64)
             #expect(v == .string("deep"))
-            #expect(got[3].arguments.first?.string?.utf8.count == 1 << 20)
+            #expect(got[2].arguments.first?.string?.utf8.count == 1 << 20)
         }
 
-        @Test func tenThousandStartStopCyclesBalanceAddMatchAndRemoveMatchWithDescriptorsFlat() throws {
+        @Test func tenThousandStartStopCyclesRemoveEveryMatchTheyAddWithDescriptorsFlat() throws {
             let bus = try PrivateBus()
             let standin = try Standin(bus)
             defer { withExtendedLifetime(standin) {} }
             let c = BusSignalSource.Configuration(bus: bus.busAddress, sender: service, interface: iface, member: "Ping")
             let h = try Harness(BusWatcher(wants: [.signal("s", c)]))
             try h.roundTrip(bus.busAddress)
-            let monitor = try Child("/usr/bin/dbus-monitor", ["--address", bus.address,
-                                                             "type='method_call',interface='org.freedesktop.DBus',member='AddMatch'",
-                                                             "type='method_call',interface='org.freedesktop.DBus',member='RemoveMatch'"])
-            defer { monitor.signal(SIGKILL); _ = monitor.wait() }
-            // The monitor is in place once it sees a marker AddMatch.
-            let marker = "type='signal',member='MonitorReady'"
-            var seen = (add: 0, remove: 0)
-            func count(until done: () -> Bool, timeout: Duration) {
-                let deadline = ContinuousClock.now + timeout
-                while !done(), ContinuousClock.now < deadline {
-                    guard let l = monitor.line(timeout: deadline - ContinuousClock.now) else { break }
-                    if l.contains("member=AddMatch") { seen.add += 1 }
-                    if l.contains("member=RemoveMatch") { seen.remove += 1 }
-                    if l.contains("MonitorReady") { seen = (0, 0) }
-                }
+            // The daemon's own count of match rules (Debug.Stats, asked with busctl).
+            func daemonMatchRules() -> Int? {
+                guard let text = output("busctl --address=\(bus.address) call org.freedesktop.DBus /org/freedesktop/DBus "
+                                        + "org.freedesktop.DBus.Debug.Stats GetStats") else { return nil }
+                let words = text.split(separator: " ")
+                guard let i = words.firstIndex(of: "\"MatchRules\""), i + 2 < words.count else { return nil }
+                return Int(words[i + 2])
             }
-            var ready = false
-            for _ in 0..<10 where !ready {
-                #expect(run("dbus-send --address=\(bus.address) --dest=org.freedesktop.DBus /org/freedesktop/DBus org.freedesktop.DBus.AddMatch string:\"\(marker)\""))
-                let l = monitor.line(matching: { $0.contains("MonitorReady") }, timeout: .seconds(1))
-                ready = l != nil
-            }
-            try #require(ready, "dbus-monitor never saw the marker")
-            seen = (0, 0)
+            let rulesBefore = try #require(daemonMatchRules())
             let fds = openDescriptors()
             let counted = h.driver.busMatchCounts(bus.busAddress)
             let cycles = 10_000
@@ -267,10 +262,9 @@ extension SystemdTests {
             // Each cycle: the signal match and the owner's NameOwnerChanged match.
             #expect(after.added - counted.added == 2 * cycles)
             #expect(after.removed - counted.removed == 2 * cycles)
-            count(until: { seen.add == 2 * cycles && seen.remove == 2 * cycles }, timeout: .seconds(30))
-            print("bus: \(cycles) start/stop cycles in \(elapsed); dbus-monitor saw \(seen.add) AddMatch, \(seen.remove) RemoveMatch")
-            #expect(seen.add == 2 * cycles)
-            #expect(seen.remove == seen.add)
+            let rulesAfter = daemonMatchRules()
+            print("bus: \(cycles) start/stop cycles in \(elapsed); daemon match rules \(rulesBefore) -> \(rulesAfter ?? -1)")
+            #expect(rulesAfter == rulesBefore)
             #expect(openDescriptors().subtracting(fds).isEmpty)
             #expect(h.runtime.stats.starts == cycles + 1)
         }
