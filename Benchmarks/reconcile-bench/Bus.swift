@@ -14,7 +14,8 @@ final class BenchBus {
     var address: String { "unix:path=\(directory)/bus" }
 
     init() {
-        var template = Array("/tmp/reconcile-bench-bus-XXXXXX".utf8CString)
+        let tmp = getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp"
+        var template = Array("\(tmp)/reconcile-bench-bus-XXXXXX".utf8CString)
         guard let p = mkdtemp(&template) else { fail("bus: mkdtemp failed") }
         directory = String(cString: p)
         let config = """
