@@ -13,7 +13,7 @@ private func stateProperty(_ bus: PrivateBus, type: BusType? = .string) -> BusPr
 
 extension SystemdTests {
     /// Bus sources on a private dbus-daemon, against a python3-dbus stand-in
-    /// service and clients no one here wrote (busctl, gdbus, dbus-send via sh).
+    /// service and clients no one here wrote (busctl, gdbus).
     @Suite struct Bus {
         @Test func aSignalReachesUpdateAndTheSameSignalFromANonOwnerIsNeverDelivered() throws {
             let bus = try PrivateBus()
