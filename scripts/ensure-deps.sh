@@ -9,6 +9,9 @@ need iproute2
 need dbus-daemon
 need systemd
 need jq
+need python3-dbus
+need python3-gi
+need libglib2.0-bin
 need strace
 need binutils
 # The IO tests: python3 clients, setpriv (a peer running as nobody).

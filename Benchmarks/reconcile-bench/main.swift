@@ -23,6 +23,8 @@ let usage = """
       effects       command -> task -> message round trips: task registry vs raw Task + Sender
       io            lines per second from a socket to `update`, and connections accepted
                     per second: ours vs a hand-written sd_event_add_io reader
+      bus           D-Bus signals per second to update (busSignal) vs a hand-written sd-bus match
+                    (starts a private dbus-daemon)
 
     options:
       --quick               a run under a minute (fewer sizes and runs)
@@ -39,7 +41,7 @@ let usage = """
 
     """
 
-let allBenchmarks = ["reconcile", "retune", "memory", "messages", "loop-timers", "loop-watches", "lateness", "loop-noop", "groups", "effects", "io"]
+let allBenchmarks = ["reconcile", "retune", "memory", "messages", "loop-timers", "loop-watches", "lateness", "loop-noop", "groups", "effects", "io", "bus"]
 
 func warn(_ text: String) {
     var line = Array("warning: \(text)\n".utf8)
@@ -172,6 +174,7 @@ do {
     if selected.contains("loop-noop") { loopNoopBenchmark(count: 10_000, budget: budget, into: &records) }
     if selected.contains("effects") { try effectsBenchmark(count: quick ? 10_000 : 50_000, rounds: quick ? 3 : 7, into: &records) }
     if selected.contains("io") { try ioBenchmark(lines: quick ? 200_000 : 1_000_000, connections: quick ? 5_000 : 20_000, rounds: quick ? 3 : 5, into: &records) }
+    if selected.contains("bus") { try busBenchmark(count: quick ? 5_000 : 20_000, rounds: quick ? 3 : 7, into: &records) }
 } catch {
     fail("real loop: \(error)")
 }
@@ -230,6 +233,7 @@ if !lateness.isEmpty {
 }
 
 printEffects(records)
+printBus(records)
 
 let noop = of("loop-noop")
 if !noop.isEmpty {

@@ -43,6 +43,8 @@ public final class SystemdDriver: Driver {
     /// The descriptor, listener and process sources' shared state
     /// (IO/IOState.swift), made by the first of them.
     var ioState: IOState?
+    /// The bus sources' and calls' connections, one per bus (see `Bus/`).
+    lazy var buses = BusConnections(loop: loop, logger: logger)
 
     /// A driver for sources on `loop`.
     public init(loop: EventLoop, logger: DaemonLogger = DaemonLogger()) {
@@ -224,6 +226,7 @@ public final class SystemdDriver: Driver {
         ioState?.detach()
         // Stopped watch runners keep their (off) flush source for reuse.
         for watch in spareWatches { watch.release() }
+        buses.close()
         wakeSource?.close()
         wakeSource = nil
         inotifyKeeper?.close()
