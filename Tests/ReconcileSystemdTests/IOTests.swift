@@ -71,6 +71,10 @@ func childProcesses() -> [(pid: Int32, state: Character)] {
         let list = (try? String(contentsOfFile: "/proc/self/task/\(task)/children", encoding: .utf8)) ?? ""
         for entry in list.split(separator: " ") {
             guard let pid = Int32(entry) else { continue }
+            // Under ThreadSanitizer and AddressSanitizer the runtime starts
+            // llvm-symbolizer as a child of the test process: not ours.
+            let comm = (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8)) ?? ""
+            if comm.hasPrefix("llvm-symbolizer") { continue }
             let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
             let state = stat.lastIndex(of: ")").flatMap { stat[stat.index(after: $0)...].split(separator: " ").first?.first } ?? "?"
             found.append((pid, state))
