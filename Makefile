@@ -70,9 +70,10 @@ $(FUZZ_BIN): Fuzz/netlink/main.swift Sources/ReconcileSystemd/Connectivity/Netli
 	@mkdir -p .build
 	swiftc -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -swift-version 6 -o $@ $^
 
+# (-package-name: the parser is `package`-internal in ReconcileTranscript.)
 $(FUZZ_TRANSCRIPT_BIN): Fuzz/transcript/main.swift Sources/ReconcileTranscript/JSONParser.swift Sources/ReconcileTranscript/JSONValue.swift
 	@mkdir -p .build
-	swiftc -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -swift-version 6 -o $@ $^
+	swiftc -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -swift-version 6 -package-name reconcile -o $@ $^
 
 # Quiet on success (one summary line each); on failure the whole libFuzzer log.
 # $(1): name, $(2): binary, $(3): corpus, $(4): -max_len.
