@@ -98,10 +98,7 @@ final class FileWatchRunner: DriverRunner {
     }
 
     /// What the path names.
-    enum Target: Equatable {
-        case missing
-        case found(device: UInt64, inode: UInt64)
-    }
+    typealias Target = PathTarget
 
     /// The first retry after a failure, and the longest wait between retries.
     static let firstRetryMicroseconds: UInt64 = 100_000
@@ -146,7 +143,7 @@ final class FileWatchRunner: DriverRunner {
     /// The failure reported for the current failed episode, if any.
     private var failure: SourceFailure?
     private var failureToReport: SourceFailure?
-    private var pending: [FileWatchSource.Event] = []
+    private var pending = FileWatchChanges()
     private var needsRearm = false
     /// A looked-up name changed since the last resolution.
     private var touched = false
@@ -256,15 +253,14 @@ final class FileWatchRunner: DriverRunner {
         }
     }
 
+    /// The I/O of a resolution: performs the steps `PathResolution` asks
+    /// for (its rules are pure, in the core), watching each directory before
+    /// a name is looked up in it.
     private func resolve(into fresh: inout [Watch]) -> Result<Target, SourceFailure> {
         var dir = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
         guard dir >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
         defer { close(dir) }
-        // The directory's path, for messages and `..`: while the resolution
-        // follows the path as written, a prefix of `path` (no new string).
-        let root = Substring(path.utf8[..<path.utf8.index(after: path.utf8.startIndex)])
-        var dirPath = root
-        var dirIsPrefix = true
+        var r = PathResolution(path: path, followsFinalLink: follow, maximumLinks: Self.maximumLinks)
 
         /// The watch on directory `fd` (at `p`), added once per resolution
         /// per directory inode (a path has a handful of directories: a
@@ -283,112 +279,77 @@ final class FileWatchRunner: DriverRunner {
             fresh.append(w)
             return w
         }
-        // The components still to resolve: the pushed ones (a symlink's
-        // target), last first, then the path's own from `rest` on.
-        var rest = PathComponents(path)
-        var pushed: [Substring] = []
-        /// The next name, and whether it is the path's own.
-        func pop() -> (name: Substring, own: Bool)? {
-            if let name = pushed.popLast() { return (name, false) }
-            return rest.next().map { ($0, true) }
-        }
-        /// Only `.` components remain.
-        func restIsDots() -> Bool {
-            (pushed.isEmpty || pushed.allSatisfy(Self.isDot)) && rest.onlyDotsLeft
-        }
-        var links = 0
-
-        func enter(_ fd: Int32, _ p: Substring, prefix: Bool, key: DirectoryWatches.Key? = nil) {
+        func enter(_ fd: Int32, key: DirectoryWatches.Key? = nil) {
             close(dir)
             dir = fd
-            dirPath = p
-            dirIsPrefix = prefix
             dirKey = key
         }
 
-        while let (name, own) = pop() {
-            if Self.isDot(name) { continue }
-            if Self.isDotDot(name) {
+        while true {
+            let name: Substring
+            let own: Bool
+            switch r.next() {
+            case .parent:
                 let up = openat(dir, "..", O_PATH | O_DIRECTORY | O_CLOEXEC)
-                guard up >= 0 else { return .failure(SystemdError("open \(dirPath)/..", errno: errno).failure) }
-                enter(up, Substring(Self.parent(of: dirPath)), prefix: false)
+                guard up >= 0 else { return .failure(SystemdError("open \(r.directory)/..", errno: errno).failure) }
+                enter(up)
+                r.enteredParent()
                 continue
+            case .currentDirectory:
+                var st = stat()
+                guard fstat(dir, &st) == 0 else { return .failure(SystemdError("stat \(r.directory)", errno: errno).failure) }
+                guard let w = watch(dir, r.directory, DirectoryWatches.Key(st)) else { return .failure(failure!) }
+                w.entries = true
+                return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
+            case .lookUp(let n, let o):
+                (name, own) = (n, o)
             }
             // Watch the directory before the name is looked up in it.
-            guard let here = watch(dir, dirPath, dirKey) else { return .failure(failure!) }
+            guard let here = watch(dir, r.directory, dirKey) else { return .failure(failure!) }
             here.insertName(name, own: own)
-            // The entry's path is the path's prefix up to `name` when `name`
-            // is the path's own and follows `dirPath` after one slash (no
-            // new string); otherwise it is joined, for messages and nested
-            // directories only.
-            let entryIsPrefix = dirIsPrefix && own
-                && name.startIndex == (dirPath.endIndex == root.endIndex ? root.endIndex : path.utf8.index(after: dirPath.endIndex))
-            var entryPath: Substring { entryIsPrefix ? Substring(path.utf8[..<name.endIndex]) : Substring(Self.join(dirPath, name)) }
             let fd = Self.openName(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)
             if fd < 0 {
                 let e = errno
                 // Not there (yet): the watch on `dir` sees it appear.
                 if e == ENOENT || e == ENOTDIR { return .success(.missing) }
-                return .failure(SystemdError("open \(entryPath)", errno: e).failure)
+                return .failure(SystemdError("open \(r.namePath)", errno: e).failure)
             }
             var st = stat()
             guard fstat(fd, &st) == 0 else {
                 let e = errno
                 close(fd)
-                return .failure(SystemdError("stat \(entryPath)", errno: e).failure)
+                return .failure(SystemdError("stat \(r.namePath)", errno: e).failure)
             }
             let type = st.st_mode & S_IFMT
             let key = DirectoryWatches.Key(st)
-            let last = restIsDots()
-            if type == S_IFLNK && (!last || follow) {
-                links += 1
-                let link = links <= Self.maximumLinks ? Self.readLink(fd) : nil
-                close(fd)
-                // A loop or an unreadable link names nothing; the watches so
-                // far see it change.
-                guard let link else { return .success(.missing) }
-                // Pushed on top of the components not resolved yet.
-                pushed.append(contentsOf: Array(rest).reversed())
-                rest.finish()
-                pushed.append(contentsOf: Array(PathComponents(link)).reversed())
-                if link.hasPrefix("/") {
-                    let top = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
-                    guard top >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
-                    enter(top, "/", prefix: false)
-                }
-                continue
-            }
-            if last {
+            switch r.found(type == S_IFDIR ? .directory : type == S_IFLNK ? .symlink : .other) {
+            case .enter:
+                enter(fd, key: key)
+            case .target:
                 defer { close(fd) }
                 // Writes to the file are seen on its directory, by name.
                 here.setContent(name, own: own)
                 if type == S_IFDIR {
-                    guard let w = watch(fd, entryPath, key) else { return .failure(failure!) }
+                    guard let w = watch(fd, r.namePath, key) else { return .failure(failure!) }
                     w.entries = true
                 }
                 return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
-            }
-            guard type == S_IFDIR else {
-                // A file where a directory is needed: the path names nothing.
+            case .readLink:
+                let link = Self.readLink(fd)
+                close(fd)
+                // An unreadable link names nothing; the watches so far see it change.
+                guard let link else { return .success(.missing) }
+                if r.follow(link) {
+                    let top = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
+                    guard top >= 0 else { return .failure(SystemdError("open /", errno: errno).failure) }
+                    enter(top)
+                }
+            case .namesNothing:
+                // A file where a directory is needed, or a link loop.
                 close(fd)
                 return .success(.missing)
             }
-            enter(fd, entryPath, prefix: entryIsPrefix, key: key)
         }
-        // The path is `/`, or ends in `..`: the final object is `dir`.
-        var st = stat()
-        guard fstat(dir, &st) == 0 else { return .failure(SystemdError("stat \(dirPath)", errno: errno).failure) }
-        guard let w = watch(dir, dirPath, DirectoryWatches.Key(st)) else { return .failure(failure!) }
-        w.entries = true
-        return .success(.found(device: UInt64(st.st_dev), inode: UInt64(st.st_ino)))
-    }
-
-    private static func isDot(_ name: Substring) -> Bool {
-        name.utf8.count == 1 && name.utf8.first == UInt8(ascii: ".")
-    }
-
-    private static func isDotDot(_ name: Substring) -> Bool {
-        name.utf8.count == 2 && name.utf8.first == UInt8(ascii: ".") && name.utf8.last == UInt8(ascii: ".")
     }
 
     /// `openat(2)` of `name`, copied to a NUL-terminated buffer on the stack
@@ -417,13 +378,6 @@ final class FileWatchRunner: DriverRunner {
         let n = buffer.withUnsafeMutableBytes { readlinkat(fd, "", $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count) }
         guard n > 0 else { return nil }
         return String(decoding: buffer[..<n], as: UTF8.self)
-    }
-
-    private static func join(_ dir: Substring, _ name: Substring) -> String { dir == "/" ? "/" + name : dir + "/" + name }
-
-    private static func parent(of p: Substring) -> String {
-        guard let slash = p.lastIndex(of: "/"), slash != p.startIndex else { return "/" }
-        return String(p[..<slash])
     }
 
     // MARK: Events
@@ -470,24 +424,14 @@ final class FileWatchRunner: DriverRunner {
         switch resolveAndWatch() {
         case .success(let now):
             target = now
-            if failure != nil {
-                // Armed again after a failure: say what is there now (any
-                // change in between went unseen).
+            // Armed again after a failure: say what is there now (any
+            // change in between went unseen).
+            let recovering = failure != nil
+            if recovering {
                 failure = nil
                 retry?.reset()
-                if now != .missing {
-                    record(.exists)
-                } else if before != .missing {
-                    record(.deleted)
-                }
-                return
             }
-            switch (before, now) {
-            case (.missing, .found): record(.created)
-            case (.found, .missing): record(.deleted)
-            case (.found, .found) where before != now || wasTouched: record(.replaced)
-            default: break
-            }
+            if let event = now.change(from: before, touched: wasTouched, recovering: recovering) { record(event) }
         case .failure(let f):
             fail(f)
         }
@@ -511,18 +455,7 @@ final class FileWatchRunner: DriverRunner {
     }
 
     private func record(_ event: FileWatchSource.Event) {
-        // Coalesce: a creation, replacement, "exists" or rescan already says
-        // "read it again", so a modification next to one adds nothing.
-        switch event {
-        case .modified:
-            if pending.contains(where: { $0 != .deleted }) { return }
-        case .created, .replaced, .exists, .rescan:
-            pending.removeAll { $0 == .modified }
-        case .deleted, .failed:
-            break
-        }
-        if let last = pending.last, last == event { return }
-        pending.append(event)
+        pending.record(event)
     }
 
     private func scheduleFlush() {
@@ -531,8 +464,7 @@ final class FileWatchRunner: DriverRunner {
 
     private func flushPending() {
         if needsRearm { rearm() }
-        let events = pending
-        pending = []
+        let events = pending.take()
         let failed = failureToReport
         failureToReport = nil
         let current = run
@@ -563,7 +495,7 @@ final class FileWatchRunner: DriverRunner {
             if let h = flush { sd_event_source_set_enabled(h, Int32(SD_EVENT_OFF)) }
         }
         ticket = nil
-        if !pending.isEmpty { pending.removeAll(keepingCapacity: true) }
+        pending.clear()
     }
 
     /// Releases the kept flush source of a stopped runner (nothing of it is
@@ -573,50 +505,6 @@ final class FileWatchRunner: DriverRunner {
             flush = nil
             sd_event_source_disable_unref(h)
         }
-    }
-}
-
-/// The components of a path, read one at a time: the slices between its `/`
-/// bytes, empty ones left out, as the kernel reads a path (no string per
-/// component, no grapheme breaking).
-struct PathComponents: Sequence, IteratorProtocol {
-    private let path: String
-    private var index: String.Index
-
-    init(_ path: String) {
-        self.path = path
-        index = path.utf8.startIndex
-    }
-
-    mutating func next() -> Substring? {
-        let utf8 = path.utf8
-        let slash = UInt8(ascii: "/")
-        while index != utf8.endIndex && utf8[index] == slash { index = utf8.index(after: index) }
-        guard index != utf8.endIndex else { return nil }
-        let start = index
-        while index != utf8.endIndex && utf8[index] != slash { index = utf8.index(after: index) }
-        return Substring(utf8[start..<index])
-    }
-
-    /// Reads nothing more.
-    mutating func finish() { index = path.utf8.endIndex }
-
-    /// Whether every component left is `.` (read on the bytes, no slice).
-    var onlyDotsLeft: Bool {
-        let utf8 = path.utf8
-        var i = index
-        var length = 0
-        while i != utf8.endIndex {
-            let byte = utf8[i]
-            if byte == UInt8(ascii: "/") {
-                length = 0
-            } else {
-                length += 1
-                if byte != UInt8(ascii: ".") || length > 1 { return false }
-            }
-            i = utf8.index(after: i)
-        }
-        return true
     }
 }
 
