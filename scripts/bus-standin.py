@@ -9,6 +9,9 @@
 #   invalidate X  set State, emit PropertiesChanged with State invalidated
 #   wrongtype     emit PropertiesChanged with State as an int32
 #   ping X        emit signal org.example.Standin.Ping(s X)
+#   sleep B       emit logind's org.freedesktop.login1.Manager.PrepareForSleep(b B)
+#                 on /org/freedesktop/login1 (B: true or false; run as the
+#                 stand-in for NAME org.freedesktop.login1)
 #   hostile KIND  emit Ping with: args (255 arguments), array (10,000 strings),
 #                 deep (a string in 64 nested variants), big (a 1 MiB string)
 import sys
@@ -91,6 +94,10 @@ def command(source, condition):
         obj.PropertiesChanged(IFACE, {"State": dbus.Int32(7)}, [])
     elif words[0] == "ping":
         obj.Ping(words[1])
+    elif words[0] == "sleep":
+        msg = dbus.lowlevel.SignalMessage("/org/freedesktop/login1", "org.freedesktop.login1.Manager", "PrepareForSleep")
+        msg.append(words[1] == "true", signature="b")
+        bus.send_message(msg)
     elif words[0] == "hostile":
         hostile(words[1])
     bus.flush()

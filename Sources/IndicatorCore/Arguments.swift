@@ -14,11 +14,25 @@ public struct Arguments: Equatable, Sendable {
     public var record: String?
     /// `--replay FILE`: print what the recorded session printed, then exit.
     public var replay: String?
+    /// `--logind`: whether logind's PrepareForSleep pauses the indicator.
+    public var logind = LogindPolicy.auto
+
+    /// Whether the indicator follows logind's `PrepareForSleep` on the system bus.
+    public enum LogindPolicy: String, Equatable, Sendable {
+        /// When a system bus is there at start (its socket exists); a
+        /// replay of a transcript that does not say takes this as `off`.
+        case auto
+        /// Always: a system bus that comes later is followed once it is
+        /// there (each failed attempt to reach it is logged).
+        case on
+        /// Never.
+        case off
+    }
 
     public init() {}
 
     /// The options that take a value; `--option value` or `--option=value`.
-    public static let valued = ["--format", "--backend", "--include", "--exclude", "--settle", "--config", "--record", "--replay"]
+    public static let valued = ["--format", "--backend", "--include", "--exclude", "--settle", "--config", "--record", "--replay", "--logind"]
     /// The options without a value.
     public static let flags = ["--once", "--help", "-h", "--version"]
 }
@@ -57,7 +71,7 @@ public func parseArguments(_ args: [String], directory: String) -> Result<Argume
             continue
         }
         guard Arguments.valued.contains(option) else {
-            return fail("unknown option '\(args[i])' (accepted: --format, --once, --backend, --include, --exclude, --settle, --config, --record, --replay, --help, --version)")
+            return fail("unknown option '\(args[i])' (accepted: --format, --once, --backend, --include, --exclude, --settle, --config, --record, --replay, --logind, --help, --version)")
         }
         let v: String
         if let inline {
@@ -85,6 +99,9 @@ public func parseArguments(_ args: [String], directory: String) -> Result<Argume
                 return fail("bad value '\(v)' for --settle (accepted: a duration from 0 to \(Settings.maximumSettle.short) like 500ms, 2s, 1m)")
             }
             o.settings.connectivity.settle = d == .zero ? nil : d
+        case "--logind":
+            guard let p = Arguments.LogindPolicy(rawValue: v) else { return fail("bad value '\(v)' for --logind (accepted: auto, on, off)") }
+            o.logind = p
         case "--record": o.record = v
         case "--replay": o.replay = v
         default:   // --config
@@ -93,4 +110,44 @@ public func parseArguments(_ args: [String], directory: String) -> Result<Argume
         i += 1
     }
     return .success(o)
+}
+
+/// The socket path to look for to tell whether the system bus is there, from
+/// `DBUS_SYSTEM_BUS_ADDRESS` (`value`, nil when unset) as sd-bus reads it: the
+/// first `unix:path=` of the address, or the standard socket when the
+/// variable is unset. Nil when the address is of another kind (abstract,
+/// TCP): it cannot be checked by a path, and is taken to be there.
+public func systemBusSocket(address value: String?) -> String? {
+    guard let value else { return "/run/dbus/system_bus_socket" }
+    let first = value.split(separator: ";", maxSplits: 1).first.map(String.init) ?? value
+    guard first.hasPrefix("unix:") else { return nil }
+    for part in first.dropFirst(5).split(separator: ",") where part.hasPrefix("path=") {
+        return unescapedBusAddressValue(String(part.dropFirst(5)))
+    }
+    return nil
+}
+
+/// A D-Bus address value with its `%xx` escapes decoded (invalid escapes kept as written).
+func unescapedBusAddressValue(_ v: String) -> String {
+    var bytes: [UInt8] = []
+    let u = Array(v.utf8)
+    var i = 0
+    func hex(_ b: UInt8) -> UInt8? {
+        switch b {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): b - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): b - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): b - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+    while i < u.count {
+        if u[i] == UInt8(ascii: "%"), i + 2 < u.count, let h = hex(u[i + 1]), let l = hex(u[i + 2]) {
+            bytes.append(h << 4 | l)
+            i += 3
+        } else {
+            bytes.append(u[i])
+            i += 1
+        }
+    }
+    return String(decoding: bytes, as: UTF8.self)
 }

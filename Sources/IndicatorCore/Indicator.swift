@@ -6,20 +6,38 @@ import Reconcile
 /// Subscriptions: the connectivity source (with a config file, once the file
 /// has been read, or `configWaitLimit` has passed); a one-minute timer only
 /// while the text view shows "for 3m"; the config file watch (when there is a
-/// file); SIGHUP (re-read the config).
+/// file); SIGHUP (re-read the config); logind's `PrepareForSleep` on the
+/// system bus when `followsLogind` (while the machine prepares for sleep the
+/// connectivity source is stopped and nothing is printed; on resume it starts
+/// again, so one fresh report of the current state is printed). Without a
+/// system bus, or without logind on it, that subscription sees nothing (or
+/// fails and retries quietly) and the indicator runs as it would without it.
 public struct Indicator: Program {
     /// Command-line settings (the config file overrides the keys it sets).
     public var base: Settings
     public var format: OutputFormat
     public var configPath: String?
     public var once: Bool
+    /// Whether logind's `PrepareForSleep` pauses the indicator (never with
+    /// `once`). Off unless asked for: the executable decides it from
+    /// `--logind` (by default, whether a system bus is there at start).
+    public var followsLogind: Bool
 
-    public init(base: Settings = Settings(), format: OutputFormat = .text, configPath: String? = nil, once: Bool = false) {
+    public init(base: Settings = Settings(), format: OutputFormat = .text, configPath: String? = nil, once: Bool = false,
+                followsLogind: Bool = false) {
         self.base = base
         self.format = format
         self.configPath = configPath
         self.once = once
+        self.followsLogind = followsLogind
     }
+
+    /// logind's name, and where its `PrepareForSleep` signal comes from.
+    public static let logind = "org.freedesktop.login1"
+    /// logind's `PrepareForSleep(b)`, from the current owner of its name only.
+    public static let sleepSignal = BusSignalSource.Configuration(
+        bus: .system, sender: logind, path: "/org/freedesktop/login1",
+        interface: "org.freedesktop.login1.Manager", member: "PrepareForSleep")
 
     public struct Model: Equatable, Sendable {
         public var settings: Settings
@@ -46,6 +64,16 @@ public struct Indicator: Program {
         /// connectivity source waits for it (at most `configWaitLimit`), so
         /// the first report, and `--once`'s verdict, use the file's settings.
         public var configWaiting = false
+        /// logind said the machine is going to sleep (`PrepareForSleep(true)`)
+        /// and has not said it resumed: the connectivity source is stopped
+        /// and the view shows nothing.
+        public var sleeping = false
+        /// Resumes from sleep so far: a view printed after one is printed
+        /// even when its line equals the last one before the sleep.
+        public var wakes = 0
+        /// Why the logind subscription is not delivering (no system bus,
+        /// logind's signal malformed); nil when it is, or not asked for.
+        public var logindProblem: String?
 
         public init(settings: Settings) { self.settings = settings }
     }
@@ -64,6 +92,17 @@ public struct Indicator: Program {
         /// `configWaitLimit` (or its timer could not be armed): start with
         /// the command-line settings.
         case configWaitOver
+        /// logind's `PrepareForSleep`: true before the machine sleeps, false
+        /// when it has resumed.
+        case prepareForSleep(Bool)
+        /// logind is on the bus (while the machine prepares for sleep).
+        case logindPresent
+        /// logind left the bus while the machine was preparing for sleep:
+        /// its `PrepareForSleep(false)` will not come.
+        case logindGone
+        /// The logind subscription failed (no system bus, the bus lost, a
+        /// malformed signal); it retries by itself.
+        case logindUnavailable(String)
     }
 
     public enum Command: Equatable, Sendable, Codable {
@@ -154,6 +193,26 @@ public struct Indicator: Program {
         case .configUnreadable(let path, let reason):
             model.configProblem = "\(path): \(reason)"
             return [.log("config \(path) cannot be read: \(reason): keeping the last good configuration")] + readDone(&model)
+        case .prepareForSleep(true):
+            guard !model.sleeping else { return [] }
+            model.sleeping = true
+            // Whatever the connectivity source queued before it stopped is
+            // about the machine before the sleep.
+            model.phase.advance()
+            return [.log("the machine is preparing for sleep: paused")]
+        case .prepareForSleep(false):
+            guard model.sleeping else { return [] }
+            resume(&model)
+            return [.log("the machine resumed: reading the current state")]
+        case .logindPresent:
+            return []
+        case .logindGone:
+            guard model.sleeping else { return [] }
+            resume(&model)
+            return [.log("logind left the bus while the machine was preparing for sleep: resuming")]
+        case .logindUnavailable(let reason):
+            model.logindProblem = reason
+            return []
         case .configRead(let path, let contents):
             let next = readDone(&model)
             guard let contents else {
@@ -176,9 +235,19 @@ public struct Indicator: Program {
         }
     }
 
+    /// Back from sleep: the connectivity source starts again (the next
+    /// subscriptions), and its first report is printed as a fresh one.
+    func resume(_ model: inout Model) {
+        model.sleeping = false
+        model.wakes += 1
+        model.latest = nil
+        model.failure = nil
+        model.logindProblem = nil
+    }
+
     /// Whether the view shows a relative time that needs a timer.
     public func needsMinuteTimer(_ model: Model) -> Bool {
-        format == .text && model.settings.showSince && model.latest != nil && !once
+        format == .text && model.settings.showSince && model.latest != nil && !once && !model.sleeping
     }
 
     public func subscriptions(_ model: Model) -> Subscriptions<Message> {
@@ -186,7 +255,7 @@ public struct Indicator: Program {
         return Subscriptions {
             if model.configWaiting {
                 Subscription.after(Self.configWaitLimit, key: "config-wait") { _ in .configWaitOver }
-            } else {
+            } else if !model.sleeping {
                 Subscription.connectivity(model.settings.connectivity, key: "net") { .connectivity($0, phase) }
             }
             if needsMinuteTimer(model) {
@@ -200,6 +269,26 @@ public struct Indicator: Program {
                     Subscription.debounce("config", phase: phase, after: Self.configQuiet) { _ in .configQuiet(phase) }
                 }
             }
+            if followsLogind && !once {
+                Subscription.busSignal(Self.sleepSignal, key: "sleep") { event in
+                    switch event {
+                    case .received(let signal):
+                        if case .boolean(let going)? = signal.arguments.first, signal.arguments.count == 1 {
+                            .prepareForSleep(going)
+                        } else {
+                            .logindUnavailable("PrepareForSleep with arguments \(signal.arguments), not one boolean")
+                        }
+                    case .failed(let f):
+                        .logindUnavailable(f.reason)
+                    }
+                }
+                if model.sleeping {
+                    // The resume signal would never come from a logind that went away.
+                    Subscription.busName(bus: .system, name: Self.logind) { event in
+                        if case .appeared = event { .logindPresent } else { .logindGone }
+                    }
+                }
+            }
             if !once {
                 Subscription.signal(.hangup) { _ in .reload }
             }
@@ -207,6 +296,7 @@ public struct Indicator: Program {
     }
 
     public func status(_ model: Model) -> String? {
+        if model.sleeping { return "paused: the machine is going to sleep" }
         if let f = model.failure { return "unknown: \(f)" }
         guard let c = model.latest else { return "starting" }
         return c.state.online ? "online via \(c.state.primary?.name ?? c.state.backend.rawValue)" : "offline (\(c.state.state.rawValue))"

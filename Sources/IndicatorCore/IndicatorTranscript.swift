@@ -18,6 +18,10 @@ enum MessageCoding: Codable {
     case configRead(path: String, contents: String?)
     case configUnreadable(path: String, reason: String)
     case configWaitOver
+    case prepareForSleep(Bool)
+    case logindPresent
+    case logindGone
+    case logindUnavailable(String)
 
     init(_ m: Indicator.Message) {
         switch m {
@@ -29,6 +33,10 @@ enum MessageCoding: Codable {
         case .configRead(let path, let contents): self = .configRead(path: path, contents: contents)
         case .configUnreadable(let path, let reason): self = .configUnreadable(path: path, reason: reason)
         case .configWaitOver: self = .configWaitOver
+        case .prepareForSleep(let going): self = .prepareForSleep(going)
+        case .logindPresent: self = .logindPresent
+        case .logindGone: self = .logindGone
+        case .logindUnavailable(let reason): self = .logindUnavailable(reason)
         }
     }
 
@@ -43,6 +51,10 @@ enum MessageCoding: Codable {
             case .configRead(let path, let contents): .configRead(path: path, contents: contents)
             case .configUnreadable(let path, let reason): .configUnreadable(path: path, reason: reason)
             case .configWaitOver: .configWaitOver
+            case .prepareForSleep(let going): .prepareForSleep(going)
+            case .logindPresent: .logindPresent
+            case .logindGone: .logindGone
+            case .logindUnavailable(let reason): .logindUnavailable(reason)
             }
         }
     }

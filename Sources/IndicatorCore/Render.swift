@@ -1,6 +1,28 @@
 import ReconcileTranscript
 import Reconcile
 
+/// What is printed after each commit: the rendered line when it differs from
+/// the last one printed, or the first one after a resume from sleep (a fresh
+/// report, even when it reads as the last one before the sleep). The live
+/// indicator and its replay print through one of these.
+public struct ViewOutput: Sendable {
+    public let renderer: Renderer
+    private var last: String?
+    private var wakes = 0
+
+    /// Nothing printed yet.
+    public init(_ renderer: Renderer) { self.renderer = renderer }
+
+    /// The line to print for `model` (`now`: µs since the epoch), or nil
+    /// when there is nothing new to print.
+    public mutating func next(_ model: Indicator.Model, now: Int64) -> String? {
+        guard let line = renderer.render(model, now: now), line != last || model.wakes != wakes else { return nil }
+        last = line
+        wakes = model.wakes
+        return line
+    }
+}
+
 /// Turns the model into output lines. `now` (µs since the epoch) only feeds
 /// the relative time of the text view.
 public struct Renderer: Sendable {
@@ -12,12 +34,16 @@ public struct Renderer: Sendable {
         self.terminal = terminal
     }
 
-    /// The line for `model`, or nil before anything is known.
+    /// The line for `model`, or nil before anything is known (and while the
+    /// machine prepares for sleep).
     public func render(_ model: Indicator.Model, now: Int64) -> String? {
+        // Nothing while the machine prepares for sleep: the state shown
+        // then would be about to be wrong.
+        if model.sleeping { return nil }
         switch format {
-        case .text: text(model, now: now)
-        case .json: json(model)
-        case .waybar: waybar(model)
+        case .text: return text(model, now: now)
+        case .json: return json(model)
+        case .waybar: return waybar(model)
         }
     }
 

@@ -7,15 +7,15 @@ import ReconcileReplay
 
 /// The command line to note in a transcript: without `--record`/`--replay`,
 /// with the config path made absolute (it is part of a subscription's
-/// identity).
-func recordedArguments(_ args: [String], _ options: Arguments) -> [String] {
+/// identity), and with `--logind` as decided at start (`on` or `off`).
+func recordedArguments(_ args: [String], _ options: Arguments, followsLogind: Bool) -> [String] {
     var out: [String] = []
     var i = 0
     while i < args.count {
         let a = args[i]
         let name = a.split(separator: "=", maxSplits: 1).first.map(String.init) ?? a
         switch name {
-        case "--record", "--replay":
+        case "--record", "--replay", "--logind":
             i += a.contains("=") ? 1 : 2
             continue
         case "--config":
@@ -26,6 +26,8 @@ func recordedArguments(_ args: [String], _ options: Arguments) -> [String] {
         }
         i += 1
     }
+    // What `--logind auto` decided at start, so that a replay decides the same.
+    out.append("--logind=" + (followsLogind ? "on" : "off"))
     return out
 }
 
@@ -58,15 +60,16 @@ func replaySession(_ path: String) -> Never {
     }
     let terminal = isatty(1) == 1 && o.format == .text
     let renderer = Renderer(format: o.format, terminal: terminal)
-    let program = Indicator(base: o.settings, format: o.format, configPath: o.config, once: o.once)
+    // A transcript recorded before logind was followed says nothing: off.
+    let program = Indicator(base: o.settings, format: o.format, configPath: o.config, once: o.once,
+                            followsLogind: o.logind == .on)
     let start = transcript.startedAtMicros
-    var last: String?
+    var output = ViewOutput(renderer)
     do {
         let outcome = try Replay.run(program, transcript) { runtime, driver in
             runtime.didCommit = { model in
                 let now = start.addingReportingOverflow(driver.now.saturatingMicroseconds)
-                guard !now.overflow, let line = renderer.render(model, now: now.partialValue), line != last else { return }
-                last = line
+                guard !now.overflow, let line = output.next(model, now: now.partialValue) else { return }
                 out(terminal ? line : line + "\n")
             }
         }

@@ -23,6 +23,9 @@ let help = """
                                  at most 24h)
       --config FILE              key = value settings, watched and applied live
                                  (a regular file of at most 1 MiB)
+      --logind auto|on|off       pause while logind says the machine prepares for
+                                 sleep, then print one fresh report (default auto:
+                                 when a system bus is there at start)
       --record FILE              record the session's transcript to FILE (mode 0600)
       --replay FILE              print what a recorded session printed, from its
                                  transcript (no netlink, no bus); exit 3 when FILE
@@ -38,7 +41,9 @@ let help = """
       connectivity-indicator --once && echo online
       connectivity-indicator --format waybar --settle 2s
 
-    SIGHUP re-reads the config file. Docs: Docs/ConnectivityIndicator.md
+    SIGHUP re-reads the config file. While logind (on the system bus) says the
+    machine is preparing for sleep, nothing is printed; on resume one fresh
+    report is. Docs: Docs/ConnectivityIndicator.md
     """
 
 func fail(_ message: String) -> Never {
@@ -125,7 +130,19 @@ if let path = options.replay { replaySession(path) }
 do { try Signals.block() } catch { fail("cannot block signals: \(error)") }
 let terminal = isatty(1) == 1 && options.format == .text
 let renderer = Renderer(format: options.format, terminal: terminal)
-let program = Indicator(base: options.settings, format: options.format, configPath: options.config, once: options.once)
+/// `--logind auto` decided once, at start: a system bus whose socket is not
+/// there is not waited for (no warning on every start without one).
+let followsLogind: Bool
+switch options.logind {
+case .on: followsLogind = true
+case .off: followsLogind = false
+case .auto:
+    var st = stat()
+    followsLogind = systemBusSocket(address: getenv("DBUS_SYSTEM_BUS_ADDRESS").map { String(cString: $0) })
+        .map { stat($0, &st) == 0 && st.st_mode & S_IFMT == S_IFSOCK } ?? true
+}
+let program = Indicator(base: options.settings, format: options.format, configPath: options.config, once: options.once,
+                        followsLogind: followsLogind)
 
 var daemonOptions = Daemon<Indicator>.Options()
 /// The line last printed, so a log line on the terminal can clear it first
@@ -151,7 +168,7 @@ daemonOptions.logger = DaemonLogger(level: options.once ? .warning : .notice,
                                     handler: LogSink.stderrIsJournal() ? LogSink.journal : TerminalAware())
 if let path = options.record {
     daemonOptions.recordPath = path
-    daemonOptions.recordArguments = recordedArguments(Array(CommandLine.arguments.dropFirst()), options)
+    daemonOptions.recordArguments = recordedArguments(Array(CommandLine.arguments.dropFirst()), options, followsLogind: followsLogind)
 }
 do {
     let daemon = try Daemon(program, options: daemonOptions) { command, daemon in
@@ -175,10 +192,9 @@ do {
             daemon.stop(exitCode: code)
         }
     }
-    var last: String?
+    var output = ViewOutput(renderer)
     daemon.didCommit = { model in
-        guard let line = renderer.render(model, now: wallClockMicroseconds()), line != last else { return }
-        last = line
+        guard let line = output.next(model, now: wallClockMicroseconds()) else { return }
         if terminal { drawn.withLock { $0 = line } }
         out(terminal ? line : line + "\n")
     }

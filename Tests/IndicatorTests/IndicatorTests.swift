@@ -7,6 +7,7 @@ import Testing
 let net = SubscriptionID(ConnectivitySource.self, key: "net")
 let since = SubscriptionID(TimerSource.self, key: "since")
 let hup = SubscriptionID(SignalSource.self, key: SignalSource.Signal.hangup)
+let sleep = SubscriptionID(BusSignalSource.self, key: "sleep")
 
 func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySource.Event {
     .online(via: name, at: at)
@@ -243,5 +244,126 @@ extension Indicator.Model {
         var copy = self
         copy.latest = latest
         return copy
+    }
+}
+
+/// logind's PrepareForSleep: silent while the machine prepares for sleep, one
+/// fresh report on resume.
+@Suite struct IndicatorSleepTests {
+    let logindName = TypedSubscriptionID(BusNameSource.self, key: BusNameSource.Configuration(bus: .system, name: Indicator.logind))
+    let sleepSignal = TypedSubscriptionID(BusSignalSource.self, key: "sleep")
+
+    func prepare(_ going: Bool) -> BusSignalSource.Event {
+        .received(BusSignal(sender: ":1.7", path: "/org/freedesktop/login1", interface: "org.freedesktop.login1.Manager",
+                            member: "PrepareForSleep", arguments: [.boolean(going)]))
+    }
+
+    @Test func preparingForSleepStopsTheConnectivitySourceAndPrintsNothing() {
+        var t = ProgramTester(Indicator(format: .json, followsLogind: true))
+        var output = ViewOutput(Renderer(format: .json, terminal: false))
+        t.event(online(), from: net)
+        #expect(output.next(t.model, now: 0) != nil)
+        let tagged = t.message(for: online("late0"), from: net)!
+        t.event(prepare(true), from: sleepSignal)
+        #expect(t.model.sleeping)
+        #expect(t.commands == [.log("the machine is preparing for sleep: paused")])
+        #expect(t.subscriptionIDs == [sleep, logindName.id, hup])
+        #expect(t.lastPlan.steps.map(\.description).contains("stop connectivity:net"))
+        // A report the source queued before it stopped is about the machine
+        // before the sleep: rejected.
+        t.send(tagged)
+        #expect(t.model.latest?.state.primary?.name == "eth0")
+        #expect(output.next(t.model, now: 0) == nil)
+        #expect(t.program.status(t.model) == "paused: the machine is going to sleep")
+    }
+
+    @Test func resumingStartsTheSourceAgainAndPrintsOneFreshReportEvenWhenUnchanged() {
+        var t = ProgramTester(Indicator(format: .json, followsLogind: true))
+        var output = ViewOutput(Renderer(format: .json, terminal: false))
+        t.event(online(), from: net)
+        let before = output.next(t.model, now: 0)
+        #expect(before != nil)
+        t.event(prepare(true), from: sleepSignal)
+        t.event(prepare(false), from: sleepSignal)
+        #expect(!t.model.sleeping && t.model.wakes == 1)
+        #expect(t.commands == [.log("the machine resumed: reading the current state")])
+        #expect(t.subscriptionIDs == [net, sleep, hup])
+        #expect(t.lastPlan.steps.map(\.description).contains { $0.hasPrefix("start connectivity:net") })
+        // Nothing until the restarted source reports.
+        #expect(output.next(t.model, now: 0) == nil)
+        t.event(online(), from: net)
+        #expect(output.next(t.model, now: 0) == before)
+        // Then as before: an equal line is not printed twice.
+        t.send(.minute)
+        #expect(output.next(t.model, now: 0) == nil)
+    }
+
+    @Test func aRepeatedOrUnpairedSignalChangesNothing() {
+        var t = ProgramTester(Indicator(format: .json, followsLogind: true))
+        t.event(prepare(false), from: sleepSignal)
+        #expect(!t.model.sleeping && t.model.wakes == 0)
+        t.event(prepare(true), from: sleepSignal)
+        let phase = t.model.phase
+        t.event(prepare(true), from: sleepSignal)
+        #expect(t.model.sleeping && t.model.phase == phase)
+    }
+
+    @Test func logindLeavingDuringTheSleepResumesWithALogLine() {
+        var t = ProgramTester(Indicator(format: .json, followsLogind: true))
+        t.event(prepare(true), from: sleepSignal)
+        t.event(.appeared(owner: ":1.7"), from: logindName)
+        #expect(t.model.sleeping)
+        t.event(.vanished, from: logindName)
+        #expect(!t.model.sleeping)
+        #expect(t.commands == [.log("logind left the bus while the machine was preparing for sleep: resuming")])
+        #expect(t.subscriptionIDs == [net, sleep, hup])
+    }
+
+    @Test func noSystemBusOrAMalformedSignalIsQuietAndChangesNothingElse() {
+        var t = ProgramTester(Indicator(format: .json, followsLogind: true))
+        t.event(online(), from: net)
+        let model = t.model
+        t.event(.failed(SourceFailure(operation: "sd_bus_open_system", code: 2, reason: "No such file or directory")), from: sleepSignal)
+        #expect(t.commands.isEmpty)
+        #expect(t.model.logindProblem == "No such file or directory")
+        t.event(.received(BusSignal(sender: ":1.7", path: "/org/freedesktop/login1", interface: "org.freedesktop.login1.Manager",
+                                    member: "PrepareForSleep", arguments: [.string("yes")])), from: sleepSignal)
+        #expect(t.commands.isEmpty && !t.model.sleeping)
+        #expect(t.model.latest == model.latest && t.model.phase == model.phase)
+    }
+
+    @Test func onceAndAnIndicatorNotFollowingLogindHaveNoBusSubscription() {
+        #expect(ProgramTester(Indicator(followsLogind: true)).hasSubscription(BusSignalSource.self))
+        #expect(!ProgramTester(Indicator(once: true, followsLogind: true)).hasSubscription(BusSignalSource.self))
+        #expect(!ProgramTester(Indicator()).hasSubscription(BusSignalSource.self))
+    }
+
+    @Test func sleepMessagesRoundTripThroughTheTranscriptCoding() throws {
+        for m: Indicator.Message in [.prepareForSleep(true), .prepareForSleep(false), .logindPresent, .logindGone, .logindUnavailable("x")] {
+            let data = try JSONEncoder().encode(m)
+            let back = try JSONDecoder().decode(Indicator.Message.self, from: data)
+            #expect(String(describing: back) == String(describing: m))
+        }
+    }
+}
+
+@Suite struct IndicatorLogindOptionTests {
+    @Test func logindIsAutoByDefaultAndTakesOnOrOff() throws {
+        #expect(try parseArguments([], directory: "/").get().logind == .auto)
+        #expect(try parseArguments(["--logind", "off"], directory: "/").get().logind == .off)
+        #expect(try parseArguments(["--logind=on"], directory: "/").get().logind == .on)
+        guard case .failure(let e) = parseArguments(["--logind", "maybe"], directory: "/") else {
+            Issue.record("--logind maybe was accepted")
+            return
+        }
+        #expect(e.message == "bad value 'maybe' for --logind (accepted: auto, on, off)")
+    }
+
+    @Test func theSystemBusSocketIsReadFromTheAddressAsSdBusReadsIt() {
+        #expect(systemBusSocket(address: nil) == "/run/dbus/system_bus_socket")
+        #expect(systemBusSocket(address: "unix:path=/run/x/bus") == "/run/x/bus")
+        #expect(systemBusSocket(address: "unix:guid=1,path=/run/a%2cb/bus;tcp:host=h") == "/run/a,b/bus")
+        #expect(systemBusSocket(address: "unix:abstract=foo") == nil)
+        #expect(systemBusSocket(address: "tcp:host=localhost,port=1") == nil)
     }
 }

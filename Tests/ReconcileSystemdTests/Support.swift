@@ -113,6 +113,8 @@ final class NotifySocket {
 
 /// A child process whose stdout and stderr are read line by line with deadlines.
 final class Child {
+    /// An address no bus can be at (a path under a file).
+    static let noSystemBus = "unix:path=/dev/null/no-system-bus"
     let process = Process()
     private let output = LineReader()
     private let errors = LineReader()
@@ -121,6 +123,9 @@ final class Child {
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
         var env = ProcessInfo.processInfo.environment
+        // Never this machine's own system bus (the indicator follows logind
+        // on it): a test that wants a bus passes its private one.
+        env["DBUS_SYSTEM_BUS_ADDRESS"] = Child.noSystemBus
         for (k, v) in environment { env[k] = v }
         process.environment = env
         process.standardOutput = output.pipe
