@@ -270,9 +270,23 @@ extension SystemdTests {
             monitor.standardError = FileHandle.nullDevice
             try monitor.run()
             defer { kill(monitor.processIdentifier, SIGKILL); waitGone(monitor.processIdentifier) }
-            func monitored(_ member: String) -> Int {
-                let text = (try? String(contentsOfFile: monitorLog, encoding: .utf8)) ?? ""
-                return text.split(separator: "\n").filter { $0.hasSuffix("member=\(member)") }.count
+            func monitorText() -> String { (try? String(contentsOfFile: monitorLog, encoding: .utf8)) ?? "" }
+            /// The calls to `member` the monitor has written (from `sender`, when given).
+            func monitored(_ member: String, from sender: String? = nil) -> Int {
+                monitorText().split(separator: "\n").filter { line in
+                    line.hasSuffix("member=\(member)") && (sender.map { line.contains("sender=\($0) ") } ?? true)
+                }.count
+            }
+            /// Waits (bounded) until the monitor has written everything sent
+            /// before now: an AddMatch from busctl with a rule naming `tag`,
+            /// sent after our last round trip (so after all of our calls),
+            /// is written after them.
+            func sentinel(_ tag: String) -> Bool {
+                _ = output("busctl --address=\(bus.address) call org.freedesktop.DBus /org/freedesktop/DBus "
+                           + "org.freedesktop.DBus AddMatch s \"type='signal',member='\(tag)'\"")
+                let deadline = ContinuousClock.now + .seconds(20)
+                while !monitorText().contains("member='\(tag)'"), ContinuousClock.now < deadline { usleep(20_000) }
+                return monitorText().contains("member='\(tag)'")
             }
             // The monitor is in place once it has seen an AddMatch: send one
             // (and its RemoveMatch) until it has, bounded.
@@ -284,6 +298,10 @@ extension SystemdTests {
                 usleep(20_000)
             }
             #expect(monitored("AddMatch") > 0)
+            // Our connection's unique name, from the monitor's first AddMatch of ours.
+            let ours = monitorText().split(separator: "\n").first { $0.hasSuffix("member=AddMatch") }
+                .flatMap { $0.split(separator: " ").first { $0.hasPrefix("sender=") } }.map { String($0.dropFirst(7)) }
+            #expect(ours != nil)
             // Warm-up, the same cycles with the monitor there (it slows the
             // bus daemon, so more of our calls wait in sd-bus's queues): the
             // allocator's high-water mark for that backlog (3-4 MiB here) and
@@ -291,7 +309,8 @@ extension SystemdTests {
             // cycles with a round trip every 10,000, RSS then stays within
             // 0.3 MiB: no leak per cycle.
             try cycle(cycles)
-            let seenBefore = (add: monitored("AddMatch"), remove: monitored("RemoveMatch"))
+            #expect(sentinel("WarmedUp"))
+            let seenBefore = (add: monitored("AddMatch", from: ours), remove: monitored("RemoveMatch", from: ours))
             let rulesBefore = try #require(daemonMatchRules())
             let fds = openDescriptors()
             let rssBefore = residentBytes()
@@ -312,15 +331,10 @@ extension SystemdTests {
             // Flat: 10,000 more cycles leave less than 2 MiB behind (a leak of
             // one match slot or message per cycle would be several MiB).
             #expect(rssGrowth < 2 << 20, "RSS grew by \(rssGrowth) bytes")
-            // dbus-monitor saw each cycle's two AddMatch and two RemoveMatch
-            // (waited for, bounded: it writes behind the bus).
+            // dbus-monitor saw each cycle's two AddMatch and two RemoveMatch.
+            #expect(sentinel("Measured"))
             let expected = (add: seenBefore.add + 2 * cycles, remove: seenBefore.remove + 2 * cycles)
-            let seenDeadline = ContinuousClock.now + .seconds(20)
-            var seen = (add: monitored("AddMatch"), remove: monitored("RemoveMatch"))
-            while seen != expected, seen.add <= expected.add, seen.remove <= expected.remove, ContinuousClock.now < seenDeadline {
-                usleep(50_000)
-                seen = (add: monitored("AddMatch"), remove: monitored("RemoveMatch"))
-            }
+            let seen = (add: monitored("AddMatch", from: ours), remove: monitored("RemoveMatch", from: ours))
             print("bus: dbus-monitor saw \(seen.add - seenBefore.add) AddMatch and \(seen.remove - seenBefore.remove) RemoveMatch; RSS +\(rssGrowth) bytes")
             #expect(seen == expected)
             #expect(h.runtime.stats.starts == startsBefore + cycles)
