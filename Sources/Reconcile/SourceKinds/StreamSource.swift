@@ -144,7 +144,11 @@ public enum StreamSource<Element: Sendable>: Source, TaskBackedSource, Restartab
         let buffer = StreamBuffer<Element>(configuration.overflow)
         let pull = Task(executorPreference: producer) {
             do {
-                try await configuration.iterate { element in await buffer.push(element) }
+                try await configuration.iterate { element in
+                    // Without a suspension unless a `.buffer` is full.
+                    if let accepted = buffer.offer(element) { return accepted }
+                    return await buffer.push(element)
+                }
                 buffer.finish(nil)
             } catch {
                 buffer.finish(SourceFailure(operation: "stream \(id)", reason: String(describing: error)))
@@ -152,7 +156,11 @@ public enum StreamSource<Element: Sendable>: Source, TaskBackedSource, Restartab
         }
         let deliver = Task(executorPreference: executor) {
             var pacer = StreamPacer()
-            while let batch = await buffer.take() {
+            while true {
+                // Suspends only when nothing waits.
+                let polled = buffer.poll()
+                let next: StreamBuffer<Element>.Batch? = if let polled { polled } else { await buffer.take() }
+                guard let batch = next else { return }
                 guard !Task.isCancelled, box.value.isActive else { return }
                 if batch.dropped > 0 { box.value.emit(Event.dropped(batch.dropped)) }
                 for element in batch.elements {
@@ -213,35 +221,7 @@ final class StreamBuffer<Element: Sendable>: Sendable {
     /// false once cancelled.
     func push(_ element: Element) async -> Bool {
         while true {
-            let (accepted, wake): (Bool?, CheckedContinuation<Void, Never>?) = state.withLock { s in
-                if s.cancelled { return (false, nil) }
-                switch overflow {
-                case .unbuffered, .buffer:
-                    let bound = if case .buffer(let n) = overflow { max(1, n) } else { Int.max }
-                    if s.count >= bound { return (nil, nil) }
-                case .keepLatest:
-                    if s.count > 0 {
-                        s.dropped += s.count
-                        s.elements.removeAll(keepingCapacity: true)
-                        s.head = 0
-                    }
-                case .dropOldest(let n):
-                    if s.count >= max(1, n) {
-                        s.head += 1
-                        s.dropped += 1
-                        if s.head >= 1024, s.head * 2 >= s.elements.count {
-                            s.elements.removeFirst(s.head)
-                            s.head = 0
-                        }
-                    }
-                }
-                s.elements.append(element)
-                let t = s.taker
-                s.taker = nil
-                return (true, t)
-            }
-            wake?.resume()
-            if let accepted { return accepted }
+            if let accepted = offer(element) { return accepted }
             // Full: wait until the delivery takes, then try again.
             await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
                 let go = state.withLock { s in
@@ -252,6 +232,40 @@ final class StreamBuffer<Element: Sendable>: Sendable {
                 if go { c.resume() }
             }
         }
+    }
+
+    /// Adds `element` under the policy unless a `.buffer` is full (nil);
+    /// false once cancelled.
+    func offer(_ element: Element) -> Bool? {
+        let (accepted, wake): (Bool?, CheckedContinuation<Void, Never>?) = state.withLock { s in
+            if s.cancelled { return (false, nil) }
+            switch overflow {
+            case .unbuffered, .buffer:
+                let bound = if case .buffer(let n) = overflow { max(1, n) } else { Int.max }
+                if s.count >= bound { return (nil, nil) }
+            case .keepLatest:
+                if s.count > 0 {
+                    s.dropped += s.count
+                    s.elements.removeAll(keepingCapacity: true)
+                    s.head = 0
+                }
+            case .dropOldest(let n):
+                if s.count >= max(1, n) {
+                    s.head += 1
+                    s.dropped += 1
+                    if s.head >= 1024, s.head * 2 >= s.elements.count {
+                        s.elements.removeFirst(s.head)
+                        s.head = 0
+                    }
+                }
+            }
+            s.elements.append(element)
+            let t = s.taker
+            s.taker = nil
+            return (true, t)
+        }
+        wake?.resume()
+        return accepted
     }
 
     /// The iteration ended (`failure` nil: the sequence finished).
@@ -265,27 +279,28 @@ final class StreamBuffer<Element: Sendable>: Sendable {
         t?.resume()
     }
 
+    /// Everything waiting, without waiting: nil when nothing is, `.some(nil)`
+    /// once cancelled.
+    func poll() -> Batch?? {
+        let (batch, pusher): (Batch??, CheckedContinuation<Void, Never>?) = state.withLock { s in
+            if s.cancelled { return (.some(nil), nil) }
+            guard s.ready else { return (nil, nil) }
+            let b = Batch(elements: Array(s.elements[s.head...]), dropped: s.dropped, end: s.end)
+            s.elements.removeAll(keepingCapacity: true)
+            s.head = 0
+            s.dropped = 0
+            let p = s.pusher
+            s.pusher = nil
+            return (.some(b), p)
+        }
+        pusher?.resume()
+        return batch
+    }
+
     /// Everything waiting (nil once cancelled), waiting for something to come.
     func take() async -> Batch? {
         while true {
-            let batch: Batch?? = state.withLock { s -> Batch?? in
-                if s.cancelled { return .some(nil) }
-                guard s.ready else { return nil }
-                let b = Batch(elements: Array(s.elements[s.head...]), dropped: s.dropped, end: s.end)
-                s.elements.removeAll(keepingCapacity: true)
-                s.head = 0
-                s.dropped = 0
-                return .some(b)
-            }
-            if let batch {
-                let p: CheckedContinuation<Void, Never>? = state.withLock { s in
-                    let p = s.pusher
-                    s.pusher = nil
-                    return p
-                }
-                p?.resume()
-                return batch
-            }
+            if let batch = poll() { return batch }
             await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
                 let go = state.withLock { s in
                     if s.ready { return true }
