@@ -9,7 +9,11 @@ import Synchronization
 /// event; the end of the sequence is `.finished`.
 ///
 /// The sequence's factory is not compared: a stream subscription is kept as
-/// long as its key is wanted. Put into the key what should restart it.
+/// long as its key is wanted. Put into the key what should restart it. Its
+/// policies are compared: `restart` (after a throw or the end: `.failed` or
+/// `.finished`, then `.restarting(attempt:after:)`, then a new call of the
+/// factory) and `overflow` (what waits for `update`; drops are reported as
+/// `.dropped(count)`).
 ///
 /// The work per loop dispatch is bounded: a sequence whose `next()` does not
 /// suspend (a buffered burst) yields to the loop every `yieldEvery` elements
