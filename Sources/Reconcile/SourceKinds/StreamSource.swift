@@ -55,7 +55,9 @@ public enum StreamSource<Element: Sendable>: Source, TaskBackedSource, Restartab
     /// The iteration is not compared (identity decides); the policies are:
     /// changing one restarts the stream.
     public struct Configuration: Hashable, Sendable {
-        let iterate: @Sendable (_ emit: @escaping (Element) async -> Bool) async throws -> Void
+        /// Calls `emit` per element (synchronously: no suspension per
+        /// element); on `.full`, awaits `room()` and offers it again.
+        let iterate: @Sendable (_ emit: @escaping (Element) -> StreamOffer, _ room: @escaping () async -> Void) async throws -> Void
         /// How the stream restarts after it threw or ended.
         public var restart: RestartPolicy
         /// What happens to elements the program has not taken yet.
@@ -128,11 +130,11 @@ public enum StreamSource<Element: Sendable>: Source, TaskBackedSource, Restartab
         }
         let task = Task(executorPreference: executor) {
             do {
-                try await configuration.iterate { element in
-                    guard !Task.isCancelled, box.value.isActive else { return false }
+                try await configuration.iterate({ element in
+                    guard !Task.isCancelled, box.value.isActive else { return .stopped }
                     box.value.emit(Event.element(element))
-                    return true
-                }
+                    return .accepted
+                }, {})
                 if !Task.isCancelled, box.value.isActive { box.value.emit(Event.finished) }
             } catch {
                 if !Task.isCancelled, box.value.isActive {
@@ -148,11 +150,13 @@ public enum StreamSource<Element: Sendable>: Source, TaskBackedSource, Restartab
         let buffer = StreamBuffer<Element>(configuration.overflow)
         let pull = Task(executorPreference: producer) {
             do {
-                try await configuration.iterate { element in
-                    // Without a suspension unless a `.buffer` is full.
-                    if let accepted = buffer.offer(element) { return accepted }
-                    return await buffer.push(element)
-                }
+                try await configuration.iterate({ element in
+                    switch buffer.offer(element) {
+                    case true?: .accepted
+                    case false?: .stopped
+                    case nil: .full
+                    }
+                }, { await buffer.room() })
                 buffer.finish(nil)
             } catch {
                 buffer.finish(SourceFailure(operation: "stream \(id)", reason: String(describing: error)))
@@ -221,20 +225,15 @@ final class StreamBuffer<Element: Sendable>: Sendable {
 
     init(_ overflow: StreamSource<Element>.Overflow) { self.overflow = overflow }
 
-    /// Adds `element` under the policy (waiting while a `.buffer` is full);
-    /// false once cancelled.
-    func push(_ element: Element) async -> Bool {
-        while true {
-            if let accepted = offer(element) { return accepted }
-            // Full: wait until the delivery takes, then try again.
-            await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
-                let go = state.withLock { s in
-                    if s.cancelled || s.count == 0 { return true }
-                    s.pusher = c
-                    return false
-                }
-                if go { c.resume() }
+    /// Waits until a full `.buffer` was taken from (or cancelled).
+    func room() async {
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            let go = state.withLock { s in
+                if s.cancelled || s.count == 0 { return true }
+                s.pusher = c
+                return false
             }
+            if go { c.resume() }
         }
     }
 
@@ -330,6 +329,16 @@ final class StreamBuffer<Element: Sendable>: Sendable {
     }
 }
 
+/// What became of an element a stream's iteration offered.
+enum StreamOffer {
+    /// Delivered, or buffered.
+    case accepted
+    /// The buffer is full: wait for room, then offer it again.
+    case full
+    /// The stream stopped: end the iteration.
+    case stopped
+}
+
 /// A source kind whose running is a Swift task the core can start on a
 /// driver's executor (drivers call `startTask` and the returned stop).
 public protocol TaskBackedSource: Source {
@@ -390,10 +399,19 @@ extension Subscription {
         _ make: @escaping @Sendable () -> S,
         tag: @escaping (StreamSource<S.Element>.Event) -> Message
     ) -> Subscription where S.Element: Sendable, S: SendableMetatype {
-        let configuration = StreamSource<S.Element>.Configuration(iterate: { emit in
+        let configuration = StreamSource<S.Element>.Configuration(iterate: { emit, room in
             var pacer = StreamPacer()
             for try await element in make() {
-                if !(await emit(element)) { return }
+                while true {
+                    switch emit(element) {
+                    case .accepted: break
+                    case .stopped: return
+                    case .full:
+                        await room()
+                        continue
+                    }
+                    break
+                }
                 await pacer.next()
             }
         }, restart: restart, overflow: overflow)
