@@ -68,6 +68,16 @@ public final class VirtualDriver: Driver {
     public let executor: VirtualExecutor
     let clockSource = VirtualClockSource()
     var taskSourceStops: [Activation: () -> Void] = [:]
+    /// Restarting subscriptions (`RestartPolicy.backoff`) by activation.
+    var supervisors: [Activation: RestartSupervisor] = [:]
+    private var attemptCounts: [SubscriptionID: Int] = [:]
+
+    /// The random bits restart jitter is drawn from (the system's by
+    /// default; a test sets a seeded generator for an exact schedule).
+    public var restartRandomness: () -> UInt64 = {
+        var g = SystemRandomNumberGenerator()
+        return g.next()
+    }
 
     /// A driver at virtual time zero with nothing running.
     public init() {
@@ -92,6 +102,9 @@ public final class VirtualDriver: Driver {
     public func starts(of id: SubscriptionID) -> Int { startCounts[id, default: 0] }
     /// How many times a source with `id` was stopped.
     public func stops(of id: SubscriptionID) -> Int { stopCounts[id, default: 0] }
+    /// How many attempts of the restarting subscription `id` were started
+    /// (the first included; zero for a subscription without a restart policy).
+    public func attempts(of id: SubscriptionID) -> Int { attemptCounts[id, default: 0] }
 
     // MARK: Driver
 
@@ -108,6 +121,12 @@ public final class VirtualDriver: Driver {
         if running[ticket.id] != nil { contractViolations.append("start of running \(ticket.id)") }
         running[ticket.id] = ticket
         startCounts[ticket.id, default: 0] += 1
+        if let supervisor = RestartSupervisor(ticket, host: self) {
+            // Each attempt starts through `startAttempt` (failOnStart included).
+            supervisors[ticket.activation] = supervisor
+            supervisor.start()
+            return
+        }
         if let failure = failOnStart[ticket.id] {
             ticket.fail(failure)
             return
@@ -146,6 +165,7 @@ public final class VirtualDriver: Driver {
         running[ticket.id] = nil
         stopCounts[ticket.id, default: 0] += 1
         timers[ticket.activation] = nil
+        supervisors.removeValue(forKey: ticket.activation)?.stop()
         stopTaskBacked(ticket)
     }
 
@@ -222,7 +242,7 @@ public final class VirtualDriver: Driver {
     /// type does not compile there.
     @discardableResult
     public func emit(_ event: Any, to id: SubscriptionID) -> Bool {
-        guard let ticket = running[id] else { return false }
+        guard let ticket = target(id) else { return false }
         ticket.emit(event)
         return accepts(ticket.source, event)
     }
@@ -230,7 +250,7 @@ public final class VirtualDriver: Driver {
     /// Reports a failure of the running source `id`.
     @discardableResult
     public func fail(_ id: SubscriptionID, _ failure: SourceFailure) -> Bool {
-        guard let ticket = running[id] else { return false }
+        guard let ticket = target(id) else { return false }
         ticket.fail(failure)
         return true
     }
@@ -238,7 +258,15 @@ public final class VirtualDriver: Driver {
     /// A poster for the running source `id`, as a source on another thread
     /// would hold. Its events wait in the runtime's inbox until `runUntilIdle`.
     public func poster(for id: SubscriptionID) -> EventPoster? {
-        running[id]?.poster()
+        target(id)?.poster()
+    }
+
+    /// The ticket events of `id` go through: its current attempt when it
+    /// restarts (nil while a restart waits), else its own.
+    private func target(_ id: SubscriptionID) -> SourceTicket? {
+        guard let ticket = running[id] else { return nil }
+        if let supervisor = supervisors[ticket.activation] { return supervisor.currentAttempt }
+        return ticket
     }
 
     /// Pumps the runtime's inbox if a waker fired since the last pump.
@@ -251,6 +279,64 @@ public final class VirtualDriver: Driver {
             }
             if !ran { return }
         }
+    }
+}
+
+extension VirtualDriver: RestartHost {
+    /// Starts an attempt of a restarting subscription: `failOnStart` fails
+    /// it, a task-backed kind runs on the virtual executor, any other kind
+    /// waits for injected events.
+    package func startAttempt(_ ticket: SourceTicket) {
+        attemptCounts[ticket.id, default: 0] += 1
+        if let failure = failOnStart[ticket.id] { return ticket.fail(failure) }
+        _ = startTaskBacked(ticket)
+    }
+
+    /// Stops an attempt (its task, for a task-backed kind).
+    package func stopAttempt(_ ticket: SourceTicket) { stopTaskBacked(ticket) }
+
+    /// A timer on the virtual clock: a task sleeping on `clock`.
+    package func makeRestartTimer(_ fire: @escaping () -> Void) -> any RestartTimer {
+        VirtualRestartTimer(clock: clock, executor: executor, fire: fire)
+    }
+
+    /// The virtual clock.
+    package var restartNow: Duration { now }
+
+    /// `restartRandomness()`.
+    package func restartRandom() -> UInt64 { restartRandomness() }
+}
+
+/// A restart timer on the virtual clock.
+private final class VirtualRestartTimer: RestartTimer {
+    /// The fire closure, run only by jobs of the virtual executor (the loop).
+    private struct Fire: @unchecked Sendable { let body: () -> Void }
+    private let clock: LoopClock
+    private let executor: VirtualExecutor
+    private let fire: Fire
+    private var task: Task<Void, Never>?
+
+    init(clock: LoopClock, executor: VirtualExecutor, fire: @escaping () -> Void) {
+        self.clock = clock
+        self.executor = executor
+        self.fire = Fire(body: fire)
+    }
+
+    func arm(after delay: Duration) -> SourceFailure? {
+        task?.cancel()
+        let clock = self.clock, fire = self.fire
+        task = Task(executorPreference: executor) {
+            do {
+                try await clock.sleep(for: delay)
+                fire.body()
+            } catch {}
+        }
+        return nil
+    }
+
+    func cancel() {
+        task?.cancel()
+        task = nil
     }
 }
 

@@ -257,7 +257,7 @@ extension VirtualDriver: TaskDriver {
     /// Starts a task-backed source (`StreamSource`) on the virtual executor.
     func startTaskBacked(_ ticket: SourceTicket) -> Bool {
         guard let kind = ticket.source as? any TaskBackedSource.Type else { return false }
-        taskSourceStops[ticket.activation] = kind.startTask(ticket, executor: executor)
+        taskSourceStops[ticket.activation] = kind.startTask(ticket, executor: executor, producer: executor)
         return true
     }
 

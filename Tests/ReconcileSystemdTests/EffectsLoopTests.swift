@@ -424,6 +424,8 @@ extension SystemdTests {
                 case .event(.element(let s)): m.got.append(s)
                 case .event(.finished): m.got.append("<end>")
                 case .event(.failed(let f)): m.got.append("<failed \(f.reason)>")
+                case .event(.dropped(let n)): m.got.append("<dropped \(n)>")
+                case .event(.restarting(let n, _)): m.got.append("<restarting \(n)>")
                 }
                 return []
             }

@@ -1,5 +1,7 @@
 import Foundation
+import Reconcile
 @testable import ReconcileSystemd
+import TestSupport
 import Testing
 
 /// A command's standard output (nil if it fails), for ground truth.
@@ -223,14 +225,21 @@ extension SystemdTests {
         }
 
         @Test func backoffDoublesUpToItsBoundAndResets() {
-            var b = Backoff(initial: NetworkdConnectivity.reconnectInitial, maximum: NetworkdConnectivity.reconnectMaximum)
-            let delays = (0..<9).map { _ in b.take() }
+            // The reconnect's delays come from the core's one backoff (RestartSchedule).
+            var schedule = RestartSchedule(Backoff(initial: .microseconds(Int64(NetworkdConnectivity.reconnectInitial)),
+                                                   maximum: .microseconds(Int64(NetworkdConnectivity.reconnectMaximum))))
+            var random = SplitMix64(seed: 1)
+            func take(_ s: inout RestartSchedule) -> Int64 {
+                guard case .restart(_, let d) = s.next(at: .zero, random: &random) else { return -1 }
+                return d.saturatingMicroseconds
+            }
+            let delays = (0..<9).map { _ in take(&schedule) }
             #expect(delays == [100_000, 200_000, 400_000, 800_000, 1_600_000, 3_200_000, 5_000_000, 5_000_000, 5_000_000])
-            b.reset()
-            #expect(b.take() == 100_000)
-            // Doubling past the integer range stays at the bound (no trap, no wrap to 0).
-            var huge = Backoff(initial: UInt64.max / 2 + 1, maximum: UInt64.max)
-            #expect([huge.take(), huge.take(), huge.take()] == [UInt64.max / 2 + 1, UInt64.max, UInt64.max])
+            schedule.recovered()
+            #expect(take(&schedule) == 100_000)
+            // Growing past the integer range stays at the bound (no trap, no wrap to 0).
+            var huge = RestartSchedule(Backoff(initial: .microseconds(.max / 2 + 1), maximum: .microseconds(.max)))
+            #expect([take(&huge), take(&huge), take(&huge)] == [Int64.max / 2 + 1, Int64.max, Int64.max])
         }
     }
 }

@@ -5,6 +5,8 @@ class OwnerLink {
     func emit(_ event: Any, from source: ActiveSource) {}
     func fail(_ failure: SourceFailure, from source: ActiveSource) {}
     func poster(for source: ActiveSource) -> EventPoster { EventPoster(activation: source.activation) { _ in .closed } }
+    /// An event of a stopped restart attempt of `source` (RestartSupervisor).
+    func rejectAfterStop(from source: ActiveSource) {}
 }
 
 final class TypedOwnerLink<Message>: OwnerLink {
@@ -38,6 +40,10 @@ final class TypedOwnerLink<Message>: OwnerLink {
         source.hasFailed = true
         sink.report(.sourceFailed(source.id, source.activation, failure))
         sink.enqueue(message(for: failure, from: source), from: source)
+    }
+
+    override func rejectAfterStop(from source: ActiveSource) {
+        sink?.report(.eventAfterStop(source.id, source.activation))
     }
 
     override func poster(for source: ActiveSource) -> EventPoster {

@@ -70,49 +70,39 @@ private func retire(_ bus: SystemBus, slots: [OpaquePointer], inItsCallback: Boo
 }
 
 /// The networkd backend: `org.freedesktop.network1.Manager` properties over
-/// sd-bus on the same loop.
+/// the driver's shared system-bus connection (`BusConnection`).
 ///
-/// It asks who owns the name (never triggering bus activation), reads the
-/// properties from that owner, follows PropertiesChanged from that owner only,
-/// and re-reads whenever the owner changes (networkd restarted). No bus, or no
-/// networkd, is a failure event. A lost bus connection (sd-bus's synthetic
-/// `org.freedesktop.DBus.Local.Disconnected`, after the socket hung up) is a
-/// failure event too; the source then reconnects on loop timers with bounded
-/// exponential backoff (100 ms doubling to 5 s) and re-reads everything.
-final class NetworkdConnectivity: RunningSource {
-    /// Reconnect delays: 100 ms, 200 ms, ... at most 5 s.
-    static let reconnectInitial: UInt64 = 100_000, reconnectMaximum: UInt64 = 5_000_000
-    /// How long a new connection may take to answer its first call.
-    static let answerTimeout: UInt64 = 5_000_000
+/// It follows who owns the name through the connection's name tracking
+/// (never triggering bus activation), reads the properties from that owner,
+/// follows PropertiesChanged from that owner only, and re-reads whenever the
+/// owner changes (networkd restarted). No bus, or no networkd, is a failure
+/// event. A bus that is lost or never answers is the connection's failure,
+/// reported once per outage; the connection reconnects on the restart
+/// mechanism's backoff (`RetryTimer`: 100 ms doubling to 5 s), and the
+/// backend re-adds its match and re-reads everything when it is back.
+final class NetworkdConnectivity: RunningSource, BusConnectionClient, BusNameObserver {
+    /// Reconnect delays (the shared connection's): 100 ms, 200 ms, ... at most 5 s.
+    static let reconnectInitial = BusConnection.reconnectInitial, reconnectMaximum = BusConnection.reconnectMaximum
+    /// How long a property read may take.
+    static let readTimeout: UInt64 = 5_000_000
 
     private let reporter: ConnectivityReporter
-    private let loop: EventLoop
     private let logger: DaemonLogger
-    private var bus: SystemBus?
-    private var slots: [OpaquePointer] = []
-    /// Armed from connect until the bus answers GetNameOwner: sd-bus itself
-    /// waits up to its authentication timeout (far longer) on a mute socket.
-    private var answerTimer: EventSource?
-    private lazy var retry = RetryTimer(loop: loop, initial: Self.reconnectInitial, maximum: Self.reconnectMaximum) { [unowned self] in
-        connect()
-    }
-    private var attempts = 0
-    /// How deep we are in sd-bus callbacks of this source: a connection must
-    /// not be freed while sd-bus is still dispatching on it.
-    private var callbackDepth = 0
+    private let connection: BusConnection
+    /// The PropertiesChanged match while the bus is up.
+    private var slot: OpaquePointer?
+    /// The GetAll in flight.
+    private var read: BusPendingCall?
     private var owner: String?
     private var properties: [String: String] = [:]
     private var stopped = false
     /// The kernel's per-interface detail and default route, beside networkd's verdict.
     private var kernel: NetlinkWatcher?
 
-    /// With `bus`, that connection is used first (`insideItsCallback`: we are
-    /// in one of its callbacks, so it must not be freed right away).
-    init(ticket: SourceTicket, configuration: ConnectivitySource.Configuration, context: SourceContext,
-         bus: SystemBus? = nil, insideItsCallback: Bool = false) {
+    init(ticket: SourceTicket, configuration: ConnectivitySource.Configuration, context: SourceContext) {
         reporter = ConnectivityReporter(ticket: ticket, configuration: configuration, loop: context.loop)
-        loop = context.loop
         logger = context.logger
+        connection = context.driver.buses.connection(.system)
         do {
             kernel = try NetlinkWatcher(receiveBuffer: configuration.receiveBuffer, loop: context.loop, logger: context.logger,
                                         onTable: { [weak self] _ in self?.report() }, onFailure: { [weak self] f in
@@ -121,189 +111,38 @@ final class NetworkdConnectivity: RunningSource {
         } catch {
             logger.warning("connectivity: kernel detail unavailable: \(error)")
         }
-        if let bus {
-            if insideItsCallback { inBusCallback { attach(bus) } } else { attach(bus) }
-        } else {
-            connect()
-        }
+        // The match first, then the owner (whose answer starts the read):
+        // no change between the read and the match is missed.
+        connection.register(self)
+        if !stopped { connection.watchName(networkdName, self) }
     }
 
-    private var userdata: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }
+    // MARK: The connection's events
 
-    /// Runs `body` as one of this source's sd-bus callbacks.
-    private func inBusCallback(_ body: () -> Void) {
-        callbackDepth += 1
-        defer { callbackDepth -= 1 }
-        body()
-    }
-
-    /// Whether `m` came on the connection in use (not one being retired).
-    private func isCurrent(_ m: OpaquePointer?) -> Bool {
-        guard !stopped, let bus else { return false }
-        return sd_bus_message_get_bus(m) == bus.handle
-    }
-
-    private func connect() {
-        guard !stopped else { return }
+    func busConnected(_ connection: BusConnection) {
+        guard !stopped, slot == nil else { return }
+        let rule = "type='signal',interface='org.freedesktop.DBus.Properties',member='PropertiesChanged',path='\(managerPath)',arg0='\(managerInterface)'"
         do {
-            attach(try SystemBus(loop: loop))
+            slot = try connection.addMatch(rule, NetworkdConnectivity.propertiesChanged, userdata: Unmanaged.passUnretained(self).toOpaque())
         } catch {
-            reporter.fail(SourceFailure(operation: "sd_bus_open_system", code: error.errno,
-                                        reason: "cannot connect to the system bus: \(error.reason)"))
-            scheduleReconnect()
+            reporter.fail(error.failure)
         }
     }
 
-    /// Watches `bus` for its loss, for networkd's owner and properties, then asks for the owner.
-    private func attach(_ bus: SystemBus) {
-        self.bus = bus
-        var filter: OpaquePointer?
-        var r = sd_bus_add_filter(bus.handle, &filter, NetworkdConnectivity.localSignal, userdata)
-        guard r >= 0 else { return lose(SystemdError("sd_bus_add_filter", errno: -r).failure) }
-        slots.append(filter!)
-        let ownerRule = "type='signal',sender='org.freedesktop.DBus',interface='org.freedesktop.DBus',member='NameOwnerChanged',arg0='\(networkdName)'"
-        let propsRule = "type='signal',interface='org.freedesktop.DBus.Properties',member='PropertiesChanged',path='\(managerPath)',arg0='\(managerInterface)'"
-        for (rule, handler) in [(ownerRule, NetworkdConnectivity.ownerChanged), (propsRule, NetworkdConnectivity.propertiesChanged)] as [(String, sd_bus_message_handler_t)] {
-            var slot: OpaquePointer?
-            r = sd_bus_add_match_async(bus.handle, &slot, rule, handler, nil, userdata)
-            guard r >= 0 else { return lose(SystemdError("sd_bus_add_match_async", errno: -r).failure) }
-            slots.append(slot!)
-        }
-        armAnswerTimer()
-        askOwner()
-    }
-
-    private func armAnswerTimer() {
-        answerTimer?.close(); answerTimer = nil
-        var s: OpaquePointer?
-        let r = sd_event_add_time_relative(loop.handle, &s, CLOCK_MONOTONIC, NetworkdConnectivity.answerTimeout, 100_000, { _, _, ud in
-            let me = Unmanaged<NetworkdConnectivity>.fromOpaque(ud!).takeUnretainedValue()
-            me.answerTimer?.close(); me.answerTimer = nil
-            me.lose(SourceFailure(operation: "GetNameOwner \(networkdName)", code: ETIMEDOUT,
-                                  reason: "the system bus did not answer within \(NetworkdConnectivity.answerTimeout / 1_000_000) s"))
-            return 0
-        }, userdata)
-        if r >= 0 { answerTimer = EventSource(s!) }
-    }
-
-    /// The bus answered: it is alive; the next loss starts the backoff afresh.
-    private func answered() {
-        answerTimer?.close(); answerTimer = nil
-        retry.reset()
-        attempts = 0
-    }
-
-    /// The connection is unusable: report `failure`, drop it, try again later.
-    private func lose(_ failure: SourceFailure) {
-        guard !stopped else { return }
+    func busLost(_ failure: SourceFailure) {
+        releaseMatch()
+        read?.cancel()
+        read = nil
         owner = nil
         properties = [:]
-        retireBus()
-        reporter.fail(failure)
-        scheduleReconnect()
+        if !stopped { reporter.fail(failure) }
     }
 
-    private func retireBus() {
-        answerTimer?.close(); answerTimer = nil
-        guard let bus else { return }
-        self.bus = nil
-        retire(bus, slots: slots, inItsCallback: callbackDepth > 0, loop: loop, logger: logger)
-        slots = []
-    }
-
-    private func scheduleReconnect() {
-        guard !stopped, !retry.isArmed else { return }
-        do {
-            let delay = try retry.schedule()
-            attempts += 1
-            logger.info("connectivity: reconnecting to the system bus in \(delay / 1000) ms (attempt \(attempts))",
-                        ["RECONNECT_ATTEMPT": "\(attempts)", "RECONNECT_DELAY_USEC": "\(delay)"])
-        } catch {
-            reporter.fail(SourceFailure(operation: error.function, code: error.errno,
-                                        reason: "cannot schedule a reconnect to the system bus; the source stays down"))
-        }
-    }
-
-    // The C callbacks: sd-bus hands back `userdata` (this object).
-
-    /// sd-bus synthesizes `org.freedesktop.DBus.Local.Disconnected` when the
-    /// connection ends (the daemon died, the socket hung up); only sd-bus can
-    /// send on that interface.
-    private static let localSignal: sd_bus_message_handler_t = { m, ud, _ in
-        guard sd_bus_message_is_signal(m, "org.freedesktop.DBus.Local", "Disconnected") > 0 else { return 0 }
-        guard let ud else { return 0 }   // a retired slot
-        let me = Unmanaged<NetworkdConnectivity>.fromOpaque(ud).takeUnretainedValue()
-        me.inBusCallback {
-            guard me.isCurrent(m) else { return }
-            me.logger.warning("connectivity: lost the system bus connection")
-            me.lose(SourceFailure(operation: "sd-bus", code: ECONNRESET,
-                                  reason: "lost the connection to the system bus (Disconnected)"))
-        }
-        return 0
-    }
-
-    private static let ownerChanged: sd_bus_message_handler_t = { m, ud, _ in
-        guard let ud else { return 0 }   // a retired slot
-        let me = Unmanaged<NetworkdConnectivity>.fromOpaque(ud).takeUnretainedValue()
-        me.inBusCallback {
-            guard me.isCurrent(m) else { return }
-            var name: UnsafePointer<CChar>?, old: UnsafePointer<CChar>?, new: UnsafePointer<CChar>?
-            guard CSystemd_bus_message_read_3strings(m, &name, &old, &new) >= 0, let new else { return }
-            me.ownerIs(String(cString: new))
-        }
-        return 0
-    }
-
-    private static let propertiesChanged: sd_bus_message_handler_t = { m, ud, _ in
-        guard let ud else { return 0 }   // a retired slot
-        let me = Unmanaged<NetworkdConnectivity>.fromOpaque(ud).takeUnretainedValue()
-        me.inBusCallback {
-            guard me.isCurrent(m) else { return }
-            let sender = sd_bus_message_get_sender(m).map { String(cString: $0) }
-            guard let owner = me.owner, sender == owner else {
-                me.logger.warning("connectivity: ignored PropertiesChanged from \(sender ?? "?"), not networkd's owner \(me.owner ?? "(none)")",
-                                  ["SENDER": sender ?? ""])
-                return
-            }
-            var interface: UnsafePointer<CChar>?
-            guard CSystemd_bus_message_read_string(m, &interface) >= 0 else { return }
-            if let changed = readStringProperties(m) {
-                for (k, v) in changed { me.properties[k] = v }
-                me.report()
-            }
-        }
-        return 0
-    }
-
-    private func askOwner() {
-        guard let bus else { return }
-        var m: OpaquePointer?
-        var r = sd_bus_message_new_method_call(bus.handle, &m, "org.freedesktop.DBus", "/org/freedesktop/DBus",
-                                               "org.freedesktop.DBus", "GetNameOwner")
-        guard r >= 0 else { return lose(SystemdError("sd_bus_message_new_method_call", errno: -r).failure) }
-        defer { sd_bus_message_unref(m) }
-        r = CSystemd_bus_message_append_string(m, networkdName)
-        guard r >= 0 else { return lose(SystemdError("sd_bus_message_append", errno: -r).failure) }
-        call(m) { me, reply in
-            if let e = methodError(reply) {
-                if e.name == "org.freedesktop.DBus.Error.NameHasNoOwner" {
-                    me.answered()
-                    me.ownerIs("")
-                } else {
-                    // The bus did not answer properly (a timeout: a stalled daemon): start over.
-                    me.lose(SourceFailure(operation: "GetNameOwner \(networkdName)", reason: "the system bus did not answer: \(e.message)"))
-                }
-                return
-            }
-            me.answered()
-            var owner: UnsafePointer<CChar>?
-            if CSystemd_bus_message_read_string(reply, &owner) >= 0, let owner { me.ownerIs(String(cString: owner)) }
-        }
-    }
-
-    private func ownerIs(_ unique: String) {
+    func ownerChanged(_ name: String, to unique: String?) {
         guard !stopped else { return }
-        if unique.isEmpty {
+        read?.cancel()
+        read = nil
+        guard let unique else {
             owner = nil
             properties = [:]
             reporter.fail(SourceFailure(operation: "GetNameOwner \(networkdName)",
@@ -315,60 +154,50 @@ final class NetworkdConnectivity: RunningSource {
         readAll()
     }
 
-    private func readAll() {
-        guard let bus, let owner else { return }
-        var m: OpaquePointer?
-        var r = sd_bus_message_new_method_call(bus.handle, &m, owner, managerPath, "org.freedesktop.DBus.Properties", "GetAll")
-        guard r >= 0 else { return lose(SystemdError("sd_bus_message_new_method_call", errno: -r).failure) }
-        defer { sd_bus_message_unref(m) }
-        r = CSystemd_bus_message_append_string(m, managerInterface)
-        guard r >= 0 else { return lose(SystemdError("sd_bus_message_append", errno: -r).failure) }
-        let askedOwner = owner
-        call(m) { me, reply in
-            guard me.owner == askedOwner else { return }   // the owner changed meanwhile
-            if let e = methodError(reply) {
-                me.reporter.fail(SourceFailure(operation: "GetAll \(managerInterface)", reason: e.message))
-                return
-            }
-            me.properties = readStringProperties(reply) ?? [:]
-            me.report()
-        }
+    private static let propertiesChanged: sd_bus_message_handler_t = { m, ud, _ in
+        guard let ud, let m else { return 0 }   // a released slot
+        let me = Unmanaged<NetworkdConnectivity>.fromOpaque(ud).takeUnretainedValue()
+        me.connection.inCallback { me.received(m) }
+        return 0
     }
 
-    /// An async call on the current connection; `done` runs on the loop with
-    /// the reply, unless the connection was closed meanwhile (its loss is
-    /// handled by `Disconnected`, which follows the synthetic error replies).
-    private func call(_ m: OpaquePointer?, _ done: @escaping (NetworkdConnectivity, OpaquePointer?) -> Void) {
-        guard let bus else { return }
-        let box = Unmanaged.passRetained(CallBox(self, done)).toOpaque()
-        var slot: OpaquePointer?
-        let r = sd_bus_call_async(bus.handle, &slot, m, { reply, ud, _ in
-            let box = Unmanaged<CallBox>.fromOpaque(ud!).takeUnretainedValue()
-            guard let me = box.owner, me.isCurrent(reply), sd_bus_is_open(sd_bus_message_get_bus(reply)) > 0 else { return 0 }
-            me.inBusCallback { box.done(me, reply) }
-            return 0
-        }, box, 5_000_000)
-        if r < 0 {
-            Unmanaged<CallBox>.fromOpaque(box).release()
-            lose(SystemdError("sd_bus_call_async", errno: -r).failure)
+    private func received(_ m: OpaquePointer) {
+        guard !stopped, connection.isCurrent(m) else { return }
+        let sender = sd_bus_message_get_sender(m).map { String(cString: $0) }
+        guard let owner, sender == owner else {
+            logger.warning("connectivity: ignored PropertiesChanged from \(sender ?? "?"), not networkd's owner \(owner ?? "(none)")",
+                           ["SENDER": sender ?? ""])
             return
         }
-        // The box lives as long as the slot: after the reply, or until the
-        // connection is freed with the call still pending.
-        sd_bus_slot_set_destroy_callback(slot) { ud in Unmanaged<CallBox>.fromOpaque(ud!).release() }
-        // Floating: the bus holds the slot (released after the reply, or with
-        // the bus); our own reference goes now.
-        sd_bus_slot_set_floating(slot, 1)
-        sd_bus_slot_unref(slot)
+        var interface: UnsafePointer<CChar>?
+        guard CSystemd_bus_message_read_string(m, &interface) >= 0 else { return }
+        if let changed = readStringProperties(m) {
+            for (k, v) in changed { properties[k] = v }
+            report()
+        }
     }
 
-    final class CallBox {
-        weak var owner: NetworkdConnectivity?
-        let done: (NetworkdConnectivity, OpaquePointer?) -> Void
-        init(_ owner: NetworkdConnectivity, _ done: @escaping (NetworkdConnectivity, OpaquePointer?) -> Void) {
-            self.owner = owner
-            self.done = done
+    private func readAll() {
+        guard let owner else { return }
+        read = connection.call(service: owner, path: managerPath, interface: "org.freedesktop.DBus.Properties", method: "GetAll",
+                               arguments: [.string(managerInterface)], timeout: Self.readTimeout) { [weak self] result in
+            guard let self, !stopped, self.owner == owner else { return }   // the owner changed meanwhile
+            read = nil
+            switch result {
+            case .success(let values):
+                properties = stringProperties(values.first)
+                report()
+            case .failure(let e) where e.name == BusError.disconnected:
+                break   // the loss is reported by `busLost`
+            case .failure(let e):
+                reporter.fail(SourceFailure(operation: "GetAll \(managerInterface)", reason: e.message))
+            }
         }
+    }
+
+    private func releaseMatch() {
+        if let slot { connection.removeMatch(slot) }
+        slot = nil
     }
 
     private func report() {
@@ -388,21 +217,27 @@ final class NetworkdConnectivity: RunningSource {
     }
 
     func stop() {
+        guard !stopped else { return }
         stopped = true
         reporter.stop()
         kernel?.stop()
         kernel = nil
-        retry.close()
-        retireBus()
+        read?.cancel()
+        read = nil
+        releaseMatch()
+        connection.unwatchName(networkdName, self)
+        connection.unregister(self)
     }
 }
 
-/// A method error reply's name and message (nil for a method return).
-private func methodError(_ reply: OpaquePointer?) -> (name: String, message: String)? {
-    guard sd_bus_message_is_method_error(reply, nil) != 0 else { return nil }
-    let e = sd_bus_message_get_error(reply)
-    let name = e?.pointee.name.map { String(cString: $0) } ?? ""
-    return (name, e?.pointee.message.map { String(cString: $0) } ?? (name.isEmpty ? "method call failed" : name))
+/// The string values of an `a{sv}` (others skipped).
+private func stringProperties(_ value: BusValue?) -> [String: String] {
+    guard case .dictionary(_, _, let entries)? = value else { return [:] }
+    var out: [String: String] = [:]
+    for e in entries {
+        if case .string(let k) = e.key, case .string(let v) = e.value.variantContent { out[k] = v }
+    }
+    return out
 }
 
 /// Reads an `a{sv}` whose string values are kept (others skipped).
@@ -497,13 +332,13 @@ final class AutoConnectivity: RunningSource {
         deadline?.close(); deadline = nil
         guard !stopped, chosen == nil, let bus else { return }
         self.bus = nil
+        // The probe's connection goes; networkd runs on the driver's shared one.
+        retire(bus, slots: [], inItsCallback: inBusCallback, loop: context.loop, logger: context.logger)
         if networkd {
             context.logger.info("connectivity: auto chose networkd")
-            chosen = NetworkdConnectivity(ticket: ticket, configuration: configuration, context: context, bus: bus,
-                                          insideItsCallback: inBusCallback)
+            chosen = NetworkdConnectivity(ticket: ticket, configuration: configuration, context: context)
             return
         }
-        retire(bus, slots: [], inItsCallback: inBusCallback, loop: context.loop, logger: context.logger)
         context.logger.info("connectivity: auto chose the kernel (\(why))")
         do {
             chosen = try KernelConnectivity(ticket: ticket, configuration: configuration, context: context)

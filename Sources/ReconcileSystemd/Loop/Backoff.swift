@@ -1,59 +1,34 @@
 import CSystemd
 import Glibc
+import Reconcile
 
-/// Retry delays in microseconds: doubling from `initial`, never above
-/// `maximum`; back to `initial` after a success (`RetryTimer`'s delays).
-struct Backoff {
-    let initial: UInt64
-    let maximum: UInt64
-    private(set) var next: UInt64
+// The restart mechanism's real part: its delays come from the core's
+// `RestartSchedule` (the library's one backoff), its clock is one sd-event
+// one-shot timer per restarting source (`LoopTimer`). Restarting
+// subscriptions (`RestartSupervisor`, run by `SystemdDriver`) and the
+// backends' own retries (`RetryTimer`: the bus reconnect, the netlink
+// resync, a failed file watch's re-arming) both use it.
 
-    init(initial: UInt64, maximum: UInt64) {
-        self.initial = initial
-        self.maximum = maximum
-        next = initial
-    }
-
-    /// The delay before the next attempt; the one after is twice as long.
-    mutating func take() -> UInt64 {
-        let d = next
-        let (doubled, overflow) = next.multipliedReportingOverflow(by: 2)
-        next = overflow ? maximum : min(maximum, doubled)
-        return d
-    }
-
-    mutating func reset() { next = initial }
-}
-
-/// A retry on the loop after a `Backoff` delay: one one-shot timer source,
-/// made at the first retry and armed again for the next (no new source per
-/// retry, so a retry that could be scheduled once always can). The
-/// networkd backend's reconnects, the netlink watcher's resyncs and a failed
-/// file watch's re-arming use it.
+/// One one-shot timer source on the loop, made at the first `arm` and armed
+/// again for the next (no new source per retry, so a retry that could be
+/// scheduled once always can).
 ///
-/// `action` runs on the loop when a retry is due; the owner captures itself
-/// `unowned` and calls `close()` when it stops (before it goes away).
-final class RetryTimer {
-    private var backoff: Backoff
+/// `action` runs on the loop when the timer expires; the owner captures
+/// itself `unowned` and calls `cancel()` when it stops (before it goes away).
+final class LoopTimer: RestartTimer {
     private let loop: EventLoop
     private let action: () -> Void
     private var source: EventSource?
-    /// A retry is armed and has not run.
+    /// The timer is armed and has not fired.
     private(set) var isArmed = false
-    /// The delay of the last retry armed (µs).
-    private(set) var lastDelay: UInt64 = 0
 
-    init(loop: EventLoop, initial: UInt64, maximum: UInt64, action: @escaping () -> Void) {
-        backoff = Backoff(initial: initial, maximum: maximum)
+    init(loop: EventLoop, action: @escaping () -> Void) {
         self.loop = loop
         self.action = action
     }
 
-    /// Arms the retry after the backoff's next delay (again, if one is
-    /// armed) and returns that delay.
-    @discardableResult
-    func schedule() throws(SystemdError) -> UInt64 {
-        let delay = backoff.take()
+    /// Arms the timer `delay` microseconds from the loop's now (again, if armed).
+    func arm(microseconds delay: UInt64) throws(SystemdError) {
         let due = usecAdd(loop.now(CLOCK_MONOTONIC), delay)
         if let handle = source?.handle {
             _ = try check("sd_event_source_set_time", sd_event_source_set_time(handle, due))
@@ -61,7 +36,7 @@ final class RetryTimer {
         } else {
             var s: OpaquePointer?
             _ = try check("sd_event_add_time", sd_event_add_time(loop.handle, &s, CLOCK_MONOTONIC, due, 1000, { _, _, ud in
-                let me = Unmanaged<RetryTimer>.fromOpaque(ud!).takeUnretainedValue()
+                let me = Unmanaged<LoopTimer>.fromOpaque(ud!).takeUnretainedValue()
                 withExtendedLifetime(me) {
                     me.isArmed = false
                     me.action()
@@ -71,17 +46,66 @@ final class RetryTimer {
             source = EventSource(s!)
         }
         isArmed = true
+    }
+
+    /// Arms the timer after `delay` (the restart mechanism's entry).
+    func arm(after delay: Duration) -> SourceFailure? {
+        do { try arm(microseconds: usec(delay)) } catch { return error.failure }
+        return nil
+    }
+
+    /// Disarms the timer and releases its source.
+    func cancel() {
+        source?.close()
+        source = nil
+        isArmed = false
+    }
+
+    deinit { source?.close() }
+}
+
+/// A backend's retry on the loop: delays from a `RestartSchedule` that
+/// doubles from `initial` up to `maximum`, without jitter or cap (a backend
+/// retries as long as it runs), back to `initial` after `reset()`; the
+/// timer is a `LoopTimer`.
+final class RetryTimer {
+    private var delays: RestartSchedule
+    private let timer: LoopTimer
+    /// A retry is armed and has not run.
+    var isArmed: Bool { timer.isArmed }
+    /// The delay of the last retry armed (µs).
+    private(set) var lastDelay: UInt64 = 0
+
+    /// A retry with delays from `initial` to `maximum` microseconds.
+    convenience init(loop: EventLoop, initial: UInt64, maximum: UInt64, action: @escaping () -> Void) {
+        self.init(loop: loop, backoff: Backoff(initial: .microseconds(Int64(clamping: initial)), factor: 2,
+                                               maximum: .microseconds(Int64(clamping: maximum))), action: action)
+    }
+
+    /// A retry with the delays of `backoff` (its jitter drawn from the
+    /// system's generator; its cap, if any, ignored: a retry never gives up).
+    init(loop: EventLoop, backoff: Backoff, action: @escaping () -> Void) {
+        var uncapped = backoff
+        uncapped.attempts = .max
+        delays = RestartSchedule(uncapped)
+        timer = LoopTimer(loop: loop, action: action)
+    }
+
+    /// Arms the retry after the schedule's next delay (again, if one is
+    /// armed) and returns that delay (µs).
+    @discardableResult
+    func schedule() throws(SystemdError) -> UInt64 {
+        var random = SystemRandomNumberGenerator()
+        guard case .restart(_, let after) = delays.next(at: .zero, random: &random) else { return lastDelay }
+        let delay = usec(after)
+        try timer.arm(microseconds: delay)
         lastDelay = delay
         return delay
     }
 
     /// The next retry comes after the first delay again (after a success).
-    func reset() { backoff.reset() }
+    func reset() { delays.recovered() }
 
     /// Cancels an armed retry and releases the timer source.
-    func close() {
-        source?.close()
-        source = nil
-        isArmed = false
-    }
+    func close() { timer.cancel() }
 }

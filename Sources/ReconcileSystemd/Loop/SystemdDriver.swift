@@ -100,6 +100,9 @@ public final class SystemdDriver: Driver {
         case ObjectIdentifier(SignalSource.self): startSignal(ticket); return
         default: break
         }
+        // A subscription with a restart policy runs its attempts under a
+        // supervisor (Loop/Restarts.swift).
+        if startRestarting(ticket) { return }
         guard let kind = systemdKind(source) else {
             if let kind = ticket.source as? any TaskBackedSource.Type {
                 // A task on the loop's executor (StreamSource).
@@ -194,7 +197,7 @@ public final class SystemdDriver: Driver {
     /// Links `runner`, started for `ticket`, and hangs it on the ticket.
     /// The runner is moved into `driverState` (no retain and release).
     @inline(__always)
-    private func own(_ runner: consuming DriverRunner, _ ticket: SourceTicket) {
+    func own(_ runner: consuming DriverRunner, _ ticket: SourceTicket) {
         owned.link(.passUnretained(runner), ticket)
         ticket.driverState = consume runner
     }
