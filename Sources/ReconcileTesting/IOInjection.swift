@@ -29,6 +29,7 @@ extension VirtualDriver {
     ///   - lines: the lines, without their newlines.
     ///   - endOfFile: whether the input then ends.
     ///   - id: the descriptor or connection subscription.
+    ///   - sourceLocation: where a missing subscription is reported (the caller's).
     /// - Returns: whether every event was delivered.
     @discardableResult
     public func lines(_ lines: [String], endOfFile: Bool = false, to id: TypedSubscriptionID<DescriptorSource>,
@@ -43,6 +44,7 @@ extension VirtualDriver {
     /// - Parameters:
     ///   - connection: the accepted connection (`Connection.testing`).
     ///   - id: the listener subscription.
+    ///   - sourceLocation: where a missing subscription is reported (the caller's).
     /// - Returns: whether it was delivered.
     @discardableResult
     public func accept(_ connection: Connection, on id: TypedSubscriptionID<ListenerSource>,
@@ -58,6 +60,7 @@ extension VirtualDriver {
     ///   - pid: the process id reported as started; nil: no `.started`.
     ///   - output: the stdout lines, in order.
     ///   - id: the process subscription.
+    ///   - sourceLocation: where a missing subscription is reported (the caller's).
     /// - Returns: whether every event was delivered.
     @discardableResult
     public func exit(_ status: Int32, pid: Int32? = 1000, output: [String] = [], from id: TypedSubscriptionID<ProcessSource>,
@@ -78,6 +81,7 @@ extension ProgramTester {
     ///   - lines: the lines, without their newlines.
     ///   - endOfFile: whether the input then ends.
     ///   - id: the descriptor or connection subscription.
+    ///   - sourceLocation: where a missing subscription is reported (the caller's).
     /// - Returns: the commands `update` returned, in order.
     @discardableResult
     public mutating func lines(_ lines: [String], endOfFile: Bool = false, from id: TypedSubscriptionID<DescriptorSource>,
@@ -97,6 +101,7 @@ extension ProgramTester {
     /// - Parameters:
     ///   - connection: the accepted connection (`Connection.testing`).
     ///   - id: the listener subscription.
+    ///   - sourceLocation: where a missing subscription is reported (the caller's).
     /// - Returns: the commands, or nil when the model does not want `id`.
     @discardableResult
     public mutating func accept(_ connection: Connection, on id: TypedSubscriptionID<ListenerSource>,
@@ -112,6 +117,7 @@ extension ProgramTester {
     ///   - pid: the process id reported as started; nil: no `.started`.
     ///   - output: the stdout lines, in order.
     ///   - id: the process subscription.
+    ///   - sourceLocation: where a missing subscription is reported (the caller's).
     /// - Returns: the commands, or nil when the model does not want `id`.
     @discardableResult
     public mutating func exit(_ status: Int32, pid: Int32? = 1000, output: [String] = [], from id: TypedSubscriptionID<ProcessSource>,

@@ -135,6 +135,7 @@ extension ProgramTester where P.Model: Equatable, P.Command: Equatable {
     ///   - ignoring: Phases of the model not compared (taken from the model the
     ///     step produced): a test that cannot know a phase's number says so
     ///     with `ignoring: [\.phase]`.
+    ///   - sourceLocation: Where a failed expectation is reported (the caller's).
     public mutating func send(
         _ message: P.Message, expect model: P.Model, commands: [P.Command],
         subscriptions: Set<SubscriptionID>? = nil, ignoring: [WritableKeyPath<P.Model, Phase>] = [],
@@ -156,6 +157,7 @@ extension ProgramTester where P.Model: Equatable, P.Command: Equatable {
     ///   - commands: The expected commands.
     ///   - subscriptions: The expected desired identities, or nil to not check them.
     ///   - change: Turns the model before the step into the expected one.
+    ///   - sourceLocation: Where a failed expectation is reported (the caller's).
     public mutating func send(
         _ message: P.Message, commands: [P.Command], subscriptions: Set<SubscriptionID>? = nil,
         sourceLocation: SourceLocation = #_sourceLocation, _ change: (inout P.Model) -> Void
