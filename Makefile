@@ -108,6 +108,9 @@ docs: deps
 
 # Builds reconcile-bench (release) and runs the full table; see
 # Docs/Performance.md. `.build/release/reconcile-bench --quick` is a short run.
+# The Rust iced tracker (Benchmarks/iced-tracker, no crates) is built beside it.
+RUSTC ?= rustc
 bench: deps
 	$(SWIFT) build -c release --product reconcile-bench $(SWIFTFLAGS)
+	$(RUSTC) --edition 2021 -C opt-level=3 Benchmarks/iced-tracker/main.rs -o .build/release/iced-tracker
 	.build/release/reconcile-bench --svg .build/reconcile-bench.svg
