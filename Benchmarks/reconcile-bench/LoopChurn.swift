@@ -45,37 +45,53 @@ final class LoopChurnOurs: Benchmark {
 final class LoopChurnRaw: Benchmark {
     let count: Int
     let positions: [Int]
+    // Plain buffers (a class's array property would cost a dynamic
+    // exclusivity check per access, which a C program does not pay).
     private var loop: RawLoop?
-    private var sources: [OpaquePointer?] = []
-    private let intervals: [UInt64]
+    private var handle: OpaquePointer?
+    private let sources: UnsafeMutablePointer<OpaquePointer?>
+    private let intervals: UnsafeMutablePointer<UInt64>
 
     init(count: Int, positions: [Int]) {
         self.count = count
         self.positions = positions
-        intervals = (0..<count).map { usec(timerInterval($0)) }
+        sources = .allocate(capacity: count)
+        sources.initialize(repeating: nil, count: count)
+        intervals = .allocate(capacity: count)
+        for i in 0..<count { (intervals + i).initialize(to: usec(timerInterval(i))) }
     }
 
-    private func add(_ i: Int) {
-        guard let loop else { return }
+    deinit {
+        sources.deallocate()
+        intervals.deallocate()
+    }
+
+    @inline(__always)
+    private func add(_ i: Int, _ handle: OpaquePointer) {
         var now: UInt64 = 0
-        sd_event_now(loop.handle, CLOCK_MONOTONIC, &now)
-        sd_event_add_time(loop.handle, &sources[i], CLOCK_MONOTONIC, now &+ intervals[i], 1_000, { _, _, _ in 0 }, nil)
+        sd_event_now(handle, CLOCK_MONOTONIC, &now)
+        sd_event_add_time(handle, sources + i, CLOCK_MONOTONIC, now &+ intervals[i], 1_000, { _, _, _ in 0 }, nil)
     }
 
     func setUp() {
-        loop = RawLoop()
-        sources = [OpaquePointer?](repeating: nil, count: count)
-        for i in 0..<count { add(i) }
+        let loop = RawLoop()
+        self.loop = loop
+        handle = loop.handle
+        for i in 0..<count { add(i, loop.handle) }
     }
 
     func run(_ iteration: Int) -> Int {
-        for i in positions { sources[i] = sd_event_source_disable_unref(sources[i]) }
-        for i in positions { add(i) }
+        let handle = handle!
+        positions.withUnsafeBufferPointer { positions in
+            for i in positions { sources[i] = sd_event_source_disable_unref(sources[i]) }
+            for i in positions { add(i, handle) }
+        }
         return iteration
     }
 
     func tearDown() {
-        for i in sources.indices { sources[i] = sd_event_source_disable_unref(sources[i]) }
+        for i in 0..<count { sources[i] = sd_event_source_disable_unref(sources[i]) }
+        handle = nil
         loop = nil
     }
 }
@@ -84,7 +100,9 @@ func loopChurnBenchmark(count: Int, churns: [Int], budget: Budget, into records:
     let base = Subscriptions<BenchMessage>((0..<count).map { churnTimer($0, $0) })
     let copy = Subscriptions<BenchMessage>((0..<count).map { churnTimer($0, $0) })
     var crossover: Int?
-    for churn in churns {
+    // LOOP_CHURN_ONLY=<percent> runs one churn level (for a profiler).
+    let only = getenv("LOOP_CHURN_ONLY").flatMap { Int(String(cString: $0)) }
+    for churn in churns where only == nil || only == churn {
         let changed = Subscriptions<BenchMessage>((0..<count).map {
             churnTimer(isChanged($0, churn: churn) ? $0 + replacementOffset : $0, $0)
         })

@@ -120,16 +120,25 @@ func loopTimersBenchmark(count: Int, rounds: Int, into records: inout [Record]) 
     })
     let rig = try LoopRig([.none, timers])
     let raw = RawLoop()
-    var sources = [OpaquePointer?](repeating: nil, count: count)
-    let intervals = (0..<count).map { usec(timerInterval($0)) }
+    // Plain buffers: a captured array would cost the raw side a dynamic
+    // exclusivity check per access, which a C program does not pay.
+    let sources = UnsafeMutablePointer<OpaquePointer?>.allocate(capacity: count)
+    sources.initialize(repeating: nil, count: count)
+    let intervals = UnsafeMutablePointer<UInt64>.allocate(capacity: count)
+    for i in 0..<count { (intervals + i).initialize(to: usec(timerInterval(i))) }
+    defer {
+        sources.deallocate()
+        intervals.deallocate()
+    }
+    let handle = raw.handle
     let liveBefore = EventSourceAccounting.live
     startStopBenchmark("loop-timers", count: count, rounds: rounds,
         ours: { _ in ({ rig.select(1) }, { rig.select(0) }) },
         raw: { _ in ({
             for i in 0..<count {
                 var now: UInt64 = 0
-                sd_event_now(raw.handle, CLOCK_MONOTONIC, &now)
-                sd_event_add_time(raw.handle, &sources[i], CLOCK_MONOTONIC, now &+ intervals[i], 1_000,
+                sd_event_now(handle, CLOCK_MONOTONIC, &now)
+                sd_event_add_time(handle, sources + i, CLOCK_MONOTONIC, now &+ intervals[i], 1_000,
                                   { _, _, _ in 0 }, nil)
             }
         }, {
