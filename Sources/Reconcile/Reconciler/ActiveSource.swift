@@ -13,12 +13,13 @@
 /// entry can still be asked for its tagger (events its poster posted before
 /// the stop are tagged when the inbox is next moved): an entry with a poster
 /// takes a strong reference when it stops (`pinTagger`), before the content
-/// that held its tagger can go.
+/// that held its tagger can go. That reference is marked in `epoch`, which
+/// a stopped entry no longer uses (it is in no table and no order; `reuse`
+/// sets it again): no field of its own, so the entry stays in its
+/// allocator size class.
 final class ActiveSource: SourceTicket {
     /// The tagger, unretained (see above).
     @exclusivity(unchecked) var taggerRef: Unmanaged<TaggerBase>
-    /// A stopped entry's own reference to its tagger (entries with a poster only).
-    @exclusivity(unchecked) var pinnedTagger: TaggerBase?
     /// The tagger of the subscription this entry runs (or ran when it stopped).
     var tagger: TaggerBase { taggerRef.takeUnretainedValue() }
     /// The group that last claimed this identity (the root for plain parts).
@@ -38,8 +39,24 @@ final class ActiveSource: SourceTicket {
     /// may have posted events not tagged yet).
     @inline(__always)
     func pinTagger() {
-        if hasPoster && pinnedTagger == nil { pinnedTagger = taggerRef.takeUnretainedValue() }
+        guard hasPoster && epoch != Self.pinnedEpoch else { return }
+        _ = taggerRef.retain()
+        epoch = Self.pinnedEpoch
     }
+
+    /// Drops the reference `pinTagger` took, if it took one.
+    @inline(__always)
+    func unpinTagger() {
+        guard epoch == Self.pinnedEpoch else { return }
+        taggerRef.release()
+        epoch = 0
+    }
+
+    /// `epoch` of a stopped entry holding a reference to its tagger (no
+    /// reconcile reaches this epoch).
+    static let pinnedEpoch = UInt64.max
+
+    deinit { unpinTagger() }
 
     override func emit(_ event: Any) { link.emit(event, from: self) }
     override func fail(_ failure: SourceFailure) { link.fail(failure, from: self) }

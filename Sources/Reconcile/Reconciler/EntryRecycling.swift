@@ -59,8 +59,8 @@ extension ActiveSource {
         hasPoster = false
         position = 0
         if state != nil { state = nil }
+        unpinTagger()
         taggerRef = .passUnretained(sub.pointee.tagger)
-        if pinnedTagger != nil { pinnedTagger = nil }
         if self.memo !== memo { self.memo = memo }
         self.epoch = epoch
     }

@@ -13,10 +13,6 @@
 final class EntryTable {
     @exclusivity(unchecked) private var slots: UnsafeMutablePointer<ActiveSource?>
     @exclusivity(unchecked) private var tags: UnsafeMutablePointer<UInt8>
-    /// Each occupied slot's cached hash, beside the slots: a deletion's
-    /// backward shift and a lookup's probe read them here, not from the
-    /// (cold) entries.
-    @exclusivity(unchecked) private var hashes: UnsafeMutablePointer<Int>
     @exclusivity(unchecked) private var capacity: Int
     @exclusivity(unchecked) private var mask: Int
     @exclusivity(unchecked) private(set) var count = 0
@@ -24,29 +20,25 @@ final class EntryTable {
     private static let initialCapacity = 16
 
     init() {
-        (slots, tags, hashes) = Self.allocate(Self.initialCapacity)
+        (slots, tags) = Self.allocate(Self.initialCapacity)
         capacity = Self.initialCapacity
         mask = capacity - 1
     }
 
-    deinit { Self.deallocate(slots, tags, hashes, capacity) }
+    deinit { Self.deallocate(slots, tags, capacity) }
 
-    private static func allocate(_ capacity: Int) -> (UnsafeMutablePointer<ActiveSource?>, UnsafeMutablePointer<UInt8>, UnsafeMutablePointer<Int>) {
+    private static func allocate(_ capacity: Int) -> (UnsafeMutablePointer<ActiveSource?>, UnsafeMutablePointer<UInt8>) {
         let slots = UnsafeMutablePointer<ActiveSource?>.allocate(capacity: capacity)
         slots.initialize(repeating: nil, count: capacity)
         let tags = UnsafeMutablePointer<UInt8>.allocate(capacity: capacity)
         tags.initialize(repeating: 0, count: capacity)
-        let hashes = UnsafeMutablePointer<Int>.allocate(capacity: capacity)
-        hashes.initialize(repeating: 0, count: capacity)
-        return (slots, tags, hashes)
+        return (slots, tags)
     }
 
-    private static func deallocate(_ slots: UnsafeMutablePointer<ActiveSource?>, _ tags: UnsafeMutablePointer<UInt8>,
-                                   _ hashes: UnsafeMutablePointer<Int>, _ capacity: Int) {
+    private static func deallocate(_ slots: UnsafeMutablePointer<ActiveSource?>, _ tags: UnsafeMutablePointer<UInt8>, _ capacity: Int) {
         slots.deinitialize(count: capacity)
         slots.deallocate()
         tags.deallocate()
-        hashes.deallocate()
     }
 
     @inline(__always)
@@ -70,7 +62,7 @@ final class EntryTable {
         while true {
             let x = tags[i]
             if x == 0 { return nil }
-            if x == t && hashes[i] == hash {
+            if x == t {
                 let u = unretained(at: i)
                 if u._withUnsafeGuaranteedRef({ $0.hasIdentity(hash, kind, key) }) { return u }
             }
@@ -89,7 +81,6 @@ final class EntryTable {
         var i = hash & mask
         while tags[i] != 0 { i = (i &+ 1) & mask }
         tags[i] = Self.tag(hash)
-        hashes[i] = hash
         slots[i] = entry
     }
 
@@ -124,12 +115,11 @@ final class EntryTable {
         while true {
             j = (j &+ 1) & mask
             guard tags[j] != 0 else { break }
-            let k = hashes[j] & mask
+            let k = unretained(at: j)._withUnsafeGuaranteedRef { $0.id.cachedHash } & mask
             // The entry at j stays if its home k lies cyclically in (i, j].
             let stays = i <= j ? (i < k && k <= j) : (i < k || k <= j)
             if stays { continue }
             swap(&slots[i], &slots[j])
-            hashes[i] = hashes[j]
             tags[i] = tags[j]
             tags[j] = 0
             i = j
@@ -138,16 +128,16 @@ final class EntryTable {
     }
 
     private func grow() {
-        let (oldSlots, oldTags, oldHashes, oldCapacity) = (slots, tags, hashes, capacity)
+        let (oldSlots, oldTags, oldCapacity) = (slots, tags, capacity)
         capacity = oldCapacity * 2
         mask = capacity - 1
-        (slots, tags, hashes) = Self.allocate(capacity)
+        (slots, tags) = Self.allocate(capacity)
         for k in 0..<oldCapacity where oldTags[k] != 0 {
             var e: ActiveSource?
             swap(&e, &oldSlots[k])
             if let e { place(e) }
         }
-        Self.deallocate(oldSlots, oldTags, oldHashes, oldCapacity)
+        Self.deallocate(oldSlots, oldTags, oldCapacity)
     }
 
     var all: [ActiveSource] {
@@ -166,10 +156,10 @@ final class EntryTable {
     }
 
     func removeAll() {
-        Self.deallocate(slots, tags, hashes, capacity)
+        Self.deallocate(slots, tags, capacity)
         capacity = Self.initialCapacity
         mask = capacity - 1
-        (slots, tags, hashes) = Self.allocate(capacity)
+        (slots, tags) = Self.allocate(capacity)
         count = 0
     }
 }
@@ -183,7 +173,6 @@ extension EntryTable {
             occupied += 1
             guard let e = slots[i] else { preconditionFailure("slot \(i) is tagged but empty") }
             precondition(tags[i] == Self.tag(e.id.cachedHash), "slot \(i) has another entry's tag")
-            precondition(hashes[i] == e.id.cachedHash, "slot \(i) holds another entry's hash")
             var j = e.id.cachedHash & mask
             while j != i {
                 precondition(tags[j] != 0, "\(e.id) lies beyond a hole in its probe path")
