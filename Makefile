@@ -112,5 +112,7 @@ docs: deps
 RUSTC ?= rustc
 bench: deps
 	$(SWIFT) build -c release --product reconcile-bench $(SWIFTFLAGS)
-	$(RUSTC) --edition 2021 -C opt-level=3 Benchmarks/iced-tracker/main.rs -o .build/release/iced-tracker
+	@if command -v $(RUSTC) >/dev/null; then \
+		$(RUSTC) --edition 2021 -C opt-level=3 Benchmarks/iced-tracker/main.rs -o .build/release/iced-tracker; \
+	else echo "no $(RUSTC): the iced-rust rows are left out (apt-get install rustc)"; fi
 	.build/release/reconcile-bench --svg .build/reconcile-bench.svg

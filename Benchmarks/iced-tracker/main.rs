@@ -180,7 +180,7 @@ impl Tracker {
 
 #[repr(C)]
 struct Timespec { tv_sec: i64, tv_nsec: i64 }
-unsafe extern "C" {
+extern "C" {
     fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
 }
 const CLOCK_MONOTONIC: i32 = 1;
