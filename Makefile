@@ -108,6 +108,11 @@ docs: deps
 
 # Builds reconcile-bench (release) and runs the full table; see
 # Docs/Performance.md. `.build/release/reconcile-bench --quick` is a short run.
+# The Rust iced tracker (Benchmarks/iced-tracker, no crates) is built beside it.
+RUSTC ?= rustc
 bench: deps
 	$(SWIFT) build -c release --product reconcile-bench $(SWIFTFLAGS)
+	@if command -v $(RUSTC) >/dev/null; then \
+		$(RUSTC) --edition 2021 -C opt-level=3 Benchmarks/iced-tracker/main.rs -o .build/release/iced-tracker; \
+	else echo "no $(RUSTC): the iced-rust rows are left out (apt-get install rustc)"; fi
 	.build/release/reconcile-bench --svg .build/reconcile-bench.svg

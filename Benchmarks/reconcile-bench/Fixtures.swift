@@ -152,6 +152,9 @@ final class SetTable {
     /// The base set's content, built again.
     var baseCopy: DesiredSet { add("A'") { (0..<size).map { makeSubscription($0, variant: 0) } } }
 
+    /// The base set's content, built a third time.
+    var baseCopy2: DesiredSet { add("A''") { (0..<size).map { makeSubscription($0, variant: 0) } } }
+
     /// `churn` percent of identities replaced by new ones.
     func replaced(_ churn: Int) -> DesiredSet {
         if churn == 0 { return baseCopy }

@@ -138,17 +138,19 @@ final class GroupsCase: Benchmark {
     }
 }
 
-func groupsBenchmark(groups: Int, perGroup: Int, budget: Budget, into records: inout [Record]) {
+func groupsBenchmark(groups: Int, perGroup: Int, budget: Budget, quick: Bool, into records: inout [Record]) {
     let size = groups * perGroup
     progress("groups: \(grouped(groups)) × \(grouped(perGroup))")
     var medians: [GroupsCase.Kind: Double] = [:]
     // GROUPS_ONLY=<kind> runs one case (for a profiler), as EFFECTS_ONLY does.
     let only = getenv("GROUPS_ONLY").map { String(cString: $0) }
-    for kind in GroupsCase.Kind.allCases where only == nil || only == kind.rawValue {
+    // Quick: rebuild-all (a million subscriptions built per run, seconds
+    // each) is left out.
+    for kind in GroupsCase.Kind.allCases where (only == nil && !(quick && kind == .rebuildAll)) || only == kind.rawValue {
         let bench = GroupsCase(kind, groups: groups, perGroup: perGroup)
         // Rebuilding a million subscriptions takes about a second a run.
         var b = budget
-        if kind == .rebuildAll || kind == .handCached { b.minRuns = min(b.minRuns, 5) }
+        if kind == .rebuildAll || kind == .handCached { b.minRuns = 3 }
         let m = measure(bench, b)
         let expectedKept = kind.changesNothing ? size : size - 1
         if bench.lastPlan.kept != expectedKept || bench.lastPlan.steps.count != (kind.changesNothing ? 0 : 1) {
@@ -157,7 +159,7 @@ func groupsBenchmark(groups: Int, perGroup: Int, budget: Budget, into records: i
         medians[kind] = m.median
         var r = Record(benchmark: "groups", implementation: kind.rawValue, size: size, churn: nil, unit: "reconcile",
                        runs: m.runs, medianNanos: m.median, p99Nanos: m.p99, perSubscription: false,
-                       allocations: m.allocationsPerRun)
+                       allocations: m.allocationsPerRun, rangeMin: m.rangeMin, rangeMax: m.rangeMax)
         if kind == .unchanged || kind == .keyedUnchanged { r.extra.append(("ns_per_skipped_group", m.median / Double(groups))) }
         if kind == .nestedUnchanged { r.extra.append(("ns_per_unchanged_group", m.median / Double(groups))) }
         records.append(r)
@@ -168,4 +170,29 @@ func groupsBenchmark(groups: Int, perGroup: Int, budget: Budget, into records: i
             records[i].extra.append(("ratio_over_groups", records[i].medianNanos / ours))
         }
     }
+    guard only == nil else { return }
+    // The yardsticks the ratios are taken against: one group of `perGroup`
+    // reconciled alone (the same change, a reconciler with nothing else),
+    // and a kept flat subscription (a no-op plan of a freshly built flat
+    // set of 100,000, per subscription).
+    let alone = GroupsCase(.groups, groups: 1, perGroup: perGroup)
+    let a = measure(alone, budget)
+    records.append(Record(benchmark: "groups", implementation: "one group alone", size: perGroup, churn: nil, unit: "reconcile",
+                          runs: a.runs, medianNanos: a.median, p99Nanos: a.p99, perSubscription: false,
+                          allocations: a.allocationsPerRun, rangeMin: a.rangeMin, rangeMax: a.rangeMax))
+    let flat = SetTable(size: 100_000)
+    let kept = ReconcileCase(.plan, sets: flat.list, initial: flat.base, cycle: [flat.baseCopy2, flat.baseCopy])
+    let k = measure(kept, budget)
+    let perKept = k.median / Double(flat.size)
+    records.append(Record(benchmark: "groups", implementation: "flat set, no-op (plan)", size: flat.size, churn: nil, unit: "reconcile",
+                          runs: k.runs, medianNanos: k.median, p99Nanos: k.p99, perSubscription: true,
+                          allocations: k.allocationsPerRun, extra: [("ns_per_kept_subscription", perKept)],
+                          variant: "fresh", rangeMin: k.rangeMin, rangeMax: k.rangeMax))
+    if let i = records.firstIndex(where: { $0.benchmark == "groups" && $0.implementation == GroupsCase.Kind.groups.rawValue }) {
+        records[i].extra.append(("ratio_changed_over_alone", records[i].medianNanos / a.median))
+        if let skipped = medians[.unchanged] {
+            records[i].extra.append(("ratio_skip_over_kept", skipped / Double(groups) / perKept))
+        }
+    }
+    progress("groups: one group alone \(duration(a.median)); a kept flat subscription \(significant(perKept)) ns")
 }

@@ -1,4 +1,4 @@
-import Reconcile
+@_spi(Benchmarks) import Reconcile
 
 /// One way to keep running sources in line with a desired set.
 ///
@@ -22,9 +22,15 @@ enum Implementation: String, CaseIterable {
     case elmish
     /// Hash every subscription to 64 bits, keep the live ones (iced's tracker).
     case iced
-    /// One dictionary lookup per subscription and nothing else (a floor, not a
+    /// One dictionary lookup per subscription and nothing else (not a
     /// reconciler: it never starts or stops anything).
     case bare
+    /// The keep path's own comparisons in position and nothing else
+    /// (`KeepPathFloor`): the floor of a no-op reconcile.
+    case floor
+    /// iced's `Tracker::update` bookkeeping in Rust (Benchmarks/iced-tracker),
+    /// run as a child process on the same inputs right after the others.
+    case icedRust = "iced-rust"
 
     var label: String {
         switch self {
@@ -34,19 +40,24 @@ enum Implementation: String, CaseIterable {
         case .elmish: "Elmish-style"
         case .iced: "iced-style"
         case .bare: "bare lookup"
+        case .floor: "the keep path's comparisons"
+        case .icedRust: "iced's tracker (Rust)"
         }
     }
 
     /// Whether the implementation uses prebuilt tickets.
     var usesTickets: Bool {
         switch self {
-        case .ours, .plan: false
+        case .ours, .plan, .floor, .icedRust: false
         case .restartAll, .elmish, .iced, .bare: true
         }
     }
 
     /// Whether it calls the driver.
-    var callsDriver: Bool { self != .plan && self != .bare }
+    var callsDriver: Bool { self != .plan && self != .bare && self != .floor && self != .icedRust }
+
+    /// Whether it runs only for a no-op (churn 0 of `reconcile`).
+    var noopOnly: Bool { self == .bare || self == .floor }
 
     /// An instance already running `initial` on `driver`.
     func make(_ sets: SetList, initial: DesiredSet, driver: any Driver) -> any Reconciling {
@@ -57,6 +68,8 @@ enum Implementation: String, CaseIterable {
         case .elmish: return ElmishStyle(initial: initial, driver: driver)
         case .iced: return IcedStyle(initial: initial, driver: driver)
         case .bare: return BareLookup(initial: initial)
+        case .floor: return Floor(initial: initial)
+        case .icedRust: fatalError("iced-rust runs as a child process (see runIcedRust)")
         }
     }
 }
@@ -223,4 +236,15 @@ final class BareLookup: Reconciling {
     func reconcile(to set: DesiredSet) {
         for sub in set.subscriptions.items where table[sub.id] != nil { found &+= 1 }
     }
+}
+
+/// The floor: the keep path's comparisons of each desired subscription with
+/// the running one in its place, nothing else.
+final class Floor: Reconciling {
+    let floor: KeepPathFloor<BenchMessage>
+    private(set) var equal = 0
+
+    init(initial: DesiredSet) { floor = KeepPathFloor(initial.subscriptions) }
+
+    func reconcile(to set: DesiredSet) { equal &+= floor.compare(set.subscriptions) }
 }

@@ -93,15 +93,21 @@ func startStopBenchmark(_ name: String, count: Int, rounds: Int,
     for (label, r) in [("ours", a), ("raw", b)] {
         var extra = [("start_median_ns", median(r.start)), ("stop_median_ns", median(r.stop)),
                      ("start_allocations", median(r.startAllocations)), ("stop_allocations", median(r.stopAllocations))]
+        extra.append(("start_allocations_per_source", median(r.startAllocations) / Double(count)))
         if label == "ours" {
             extra.append(("ratio_ours_over_raw", ratio))
+            // The ratio per round (ours and raw alternate), its range.
+            let perRound = zip(a.total, b.total).map { $0 / $1 }
+            extra.append(("ratio_range_min", perRound.min() ?? .nan))
+            extra.append(("ratio_range_max", perRound.max() ?? .nan))
             extra.append(("start_ratio", median(a.start) / median(b.start)))
             extra.append(("stop_ratio", median(a.stop) / median(b.stop)))
         }
         records.append(Record(
             benchmark: name, implementation: label, size: count, churn: nil, unit: "start+stop",
             runs: rounds, medianNanos: median(r.total), p99Nanos: p99(r.total),
-            driverCalls: Double(2 * count), allocations: median(r.allocations), extra: extra))
+            driverCalls: Double(2 * count), allocations: median(r.allocations), extra: extra,
+            rangeMin: r.total.min(), rangeMax: r.total.max()))
     }
     progress("\(name): ours \(duration(median(a.total))), raw \(duration(median(b.total))), ratio \(significant(ratio)) (\(note))")
 }
@@ -114,16 +120,25 @@ func loopTimersBenchmark(count: Int, rounds: Int, into records: inout [Record]) 
     })
     let rig = try LoopRig([.none, timers])
     let raw = RawLoop()
-    var sources = [OpaquePointer?](repeating: nil, count: count)
-    let intervals = (0..<count).map { usec(timerInterval($0)) }
+    // Plain buffers: a captured array would cost the raw side a dynamic
+    // exclusivity check per access, which a C program does not pay.
+    let sources = UnsafeMutablePointer<OpaquePointer?>.allocate(capacity: count)
+    sources.initialize(repeating: nil, count: count)
+    let intervals = UnsafeMutablePointer<UInt64>.allocate(capacity: count)
+    for i in 0..<count { (intervals + i).initialize(to: usec(timerInterval(i))) }
+    defer {
+        sources.deallocate()
+        intervals.deallocate()
+    }
+    let handle = raw.handle
     let liveBefore = EventSourceAccounting.live
     startStopBenchmark("loop-timers", count: count, rounds: rounds,
         ours: { _ in ({ rig.select(1) }, { rig.select(0) }) },
         raw: { _ in ({
             for i in 0..<count {
                 var now: UInt64 = 0
-                sd_event_now(raw.handle, CLOCK_MONOTONIC, &now)
-                sd_event_add_time(raw.handle, &sources[i], CLOCK_MONOTONIC, now &+ intervals[i], 1_000,
+                sd_event_now(handle, CLOCK_MONOTONIC, &now)
+                sd_event_add_time(handle, sources + i, CLOCK_MONOTONIC, now &+ intervals[i], 1_000,
                                   { _, _, _ in 0 }, nil)
             }
         }, {
@@ -335,18 +350,32 @@ final class NoopRig {
         let watches = count * 4 / 10
         let timers = count - watches - Self.signals.count
         tree = FileTree(count: watches)
-        var subs: [Subscription<BenchMessage>] = []
-        for i in 0..<timers { subs.append(.every(timerInterval(i), key: i) { _ in -1 }) }
-        for p in tree.paths { subs.append(.watch(p) { _ in -1 }) }
-        for s in Self.signals { subs.append(.signal(s) { _ in -1 }) }
-        self.count = subs.count
-        rig = try LoopRig([.none, Subscriptions(subs)])
+        // Three equal sets, each built anew (as `subscriptions(model)` builds
+        // one): the first starts the sources, the reconciles alternate
+        // between the other two, so no box is pointer-equal to a running one.
+        let paths = tree.paths
+        func build() -> Subscriptions<BenchMessage> {
+            var subs: [Subscription<BenchMessage>] = []
+            for i in 0..<timers { subs.append(.every(timerInterval(i), key: i) { _ in -1 }) }
+            for p in paths { subs.append(.watch(String(decoding: Array(p.utf8), as: UTF8.self)) { _ in -1 }) }
+            for s in Self.signals { subs.append(.signal(s) { _ in -1 }) }
+            return Subscriptions(subs)
+        }
+        let first = build()
+        self.count = first.items.count
+        rig = try LoopRig([.none, first, build(), build()])
         rig.select(1)
-        precondition(rig.driver.runningCount == subs.count, "\(rig.driver.runningCount) of \(subs.count) running")
+        precondition(rig.driver.runningCount == count, "\(rig.driver.runningCount) of \(count) running")
     }
 
-    /// One no-op reconcile: the model changes, the set does not.
-    func reconcile() { rig.select(1) }
+    private var flip = 0
+
+    /// One no-op reconcile: the model changes, the set is built anew with
+    /// the same content.
+    func reconcile() {
+        flip ^= 1
+        rig.select(2 + flip)
+    }
 
     var stats: RuntimeStats { rig.runtime.stats }
 
@@ -392,7 +421,7 @@ func loopNoopBenchmark(count: Int, budget: Budget, into records: inout [Record])
     records.append(Record(
         benchmark: "loop-noop", implementation: Implementation.ours.rawValue, size: count, churn: 0,
         unit: "reconcile", runs: m.runs, medianNanos: m.median, p99Nanos: m.p99,
-        driverCalls: 0, allocations: m.allocationsPerRun))
+        driverCalls: 0, allocations: m.allocationsPerRun, variant: "fresh", rangeMin: m.rangeMin, rangeMax: m.rangeMax))
     progress("loop-noop \(count): \(duration(m.median))")
 }
 

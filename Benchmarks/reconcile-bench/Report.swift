@@ -21,6 +21,12 @@ struct Record {
     var bytesPerSubscription: Double?
     /// Further named figures (ratios, messages per second, phases).
     var extra: [(String, Double)] = []
+    /// How the inputs were made, where it varies (`fresh`: equal sets built
+    /// anew; `same`: the very set that started the sources).
+    var variant: String?
+    /// The least and greatest median of one repetition.
+    var rangeMin: Double?
+    var rangeMax: Double?
 
     var medianPerSubscription: Double? { perSubscription && size > 0 ? medianNanos / Double(size) : nil }
     var p99PerSubscription: Double? { perSubscription && size > 0 ? p99Nanos / Double(size) : nil }
@@ -92,12 +98,13 @@ func printRecords(_ title: String, _ records: [Record], reference: String = Impl
     guard !records.isEmpty else { return }
     print("### \(title)\n")
     let rows = records.map { r -> [String] in
-        let ours = records.first { $0.implementation == reference && $0.size == r.size && $0.churn == r.churn }
+        let ours = records.first { $0.implementation == reference && $0.size == r.size && $0.churn == r.churn && $0.variant == r.variant }
         return [
-            r.implementation,
+            r.implementation + (r.variant.map { " (\($0))" } ?? ""),
             grouped(r.size),
             r.churn.map { "\($0)%" } ?? "—",
             duration(r.medianNanos),
+            range(r),
             duration(r.p99Nanos),
             r.medianPerSubscription.map { significant($0) + " ns" } ?? "—",
             r.driverCalls.map { significant($0) } ?? "—",
@@ -106,8 +113,14 @@ func printRecords(_ title: String, _ records: [Record], reference: String = Impl
         ]
     }
     let unit = records[0].unit
-    printTable(["implementation", "size", "churn", "median/\(unit)", "p99/\(unit)", "median/sub",
+    printTable(["implementation", "size", "churn", "median/\(unit)", "range", "p99/\(unit)", "median/sub",
                 "driver calls/\(unit)", "allocs/\(unit)", "× ours"], rows)
+}
+
+/// The range of repetition medians, `a–b`.
+func range(_ r: Record) -> String {
+    guard let lo = r.rangeMin, let hi = r.rangeMax, lo.isFinite, hi.isFinite else { return "—" }
+    return duration(lo) + "–" + duration(hi)
 }
 
 /// The side-by-side view: one row per size and churn, one column per
@@ -120,13 +133,13 @@ func printSideBySide(_ title: String, _ records: [Record]) {
     var keys: [String] = []
     var rows: [[String]] = []
     for r in records {
-        let key = "\(r.size)/\(r.churn ?? -1)"
+        let key = "\(r.size)/\(r.churn ?? -1)/\(r.variant ?? "")"
         if keys.contains(key) { continue }
         keys.append(key)
-        let ours = records.first { $0.implementation == Implementation.ours.rawValue && $0.size == r.size && $0.churn == r.churn }
-        var row = [grouped(r.size), r.churn.map { "\($0)%" } ?? "—"]
+        let ours = records.first { $0.implementation == Implementation.ours.rawValue && $0.size == r.size && $0.churn == r.churn && $0.variant == r.variant }
+        var row = [grouped(r.size), r.churn.map { "\($0)%" } ?? "—", r.variant ?? "—"]
         for i in implementations {
-            if let x = records.first(where: { $0.implementation == i && $0.size == r.size && $0.churn == r.churn }) {
+            if let x = records.first(where: { $0.implementation == i && $0.size == r.size && $0.churn == r.churn && $0.variant == r.variant }) {
                 let ratio = ours.map { " (" + significant(x.medianNanos / $0.medianNanos) + "×)" } ?? ""
                 row.append(duration(x.medianNanos) + (i == Implementation.ours.rawValue ? "" : ratio))
             } else {
@@ -135,7 +148,7 @@ func printSideBySide(_ title: String, _ records: [Record]) {
         }
         rows.append(row)
     }
-    printTable(["size", "churn"] + implementations, rows)
+    printTable(["size", "churn", "sets"] + implementations, rows)
 }
 
 // MARK: JSON
@@ -167,6 +180,9 @@ func json(_ records: [Record], context: [(String, String)]) -> String {
             ("driver_calls_per_unit", jsonNumber(r.driverCalls)),
             ("allocations_per_unit", jsonNumber(r.allocations)),
             ("bytes_per_subscription", jsonNumber(r.bytesPerSubscription)),
+            ("variant", r.variant.map(jsonString) ?? "null"),
+            ("range_min_ns", jsonNumber(r.rangeMin)),
+            ("range_max_ns", jsonNumber(r.rangeMax)),
         ]
         for (k, v) in r.extra { fields.append((k, jsonNumber(v))) }
         out += "    {" + fields.map { "\(jsonString($0.0)): \($0.1)" }.joined(separator: ", ") + "}"

@@ -66,24 +66,73 @@ final class ReconcileCase: Benchmark {
 }
 
 /// Runs the `reconcile` or `retune` benchmark for one size.
+///
+/// Every reconcile starts from sources the base set `A` started. Variant
+/// `fresh` (every churn level): the reconciles alternate between the changed
+/// set (for a no-op `A''`, another copy of `A` built anew) and `A'`, so no
+/// comparison is helped by a shared box; variant `same` (`reconcile`, churn
+/// 0): every reconcile is given `A` itself (every box pointer-equal).
+/// `iced-rust` (Benchmarks/iced-tracker) runs right after the others, on
+/// the same inputs, as a child process.
 func reconcileBenchmark(_ name: String, table: SetTable, churns: [Int], implementations: [Implementation],
-                        budget: Budget, into records: inout [Record]) {
+                        budget: Budget, icedRust: String?, into records: inout [Record]) {
     for churn in churns {
-        let changed = name == "retune" ? table.retuned(churn) : table.replaced(churn)
-        let chosen = implementations.filter { $0 != .bare || (churn == 0 && name == "reconcile") }
-        let cases = chosen.map { ReconcileCase($0, sets: table.list, initial: table.base, cycle: [changed, table.base]) }
-        let measurements = measureSideBySide(cases, budget) { cases[$0].finish() }
-        for (c, m) in zip(cases, measurements) {
-            let implementation = c.implementation
-            for p in c.problems { warn("\(name) \(implementation.rawValue) size \(table.size) churn \(churn)%: \(p)") }
-            records.append(Record(
-                benchmark: name, implementation: implementation.rawValue, size: table.size, churn: churn,
-                unit: "reconcile", runs: m.runs, medianNanos: m.median, p99Nanos: m.p99,
-                driverCalls: implementation.callsDriver ? Double(c.driverCalls) / Double(max(1, c.iterations)) : nil,
-                allocations: m.allocationsPerRun))
-            progress("\(name) \(implementation.rawValue) \(table.size) \(churn)%: \(duration(m.median))")
+        let changed = name == "retune" ? table.retuned(churn) : (churn == 0 ? table.baseCopy2 : table.replaced(churn))
+        var variants = [("fresh", [changed, table.baseCopy])]
+        if name == "reconcile" && churn == 0 { variants.append(("same", [table.base, table.base])) }
+        for (variant, cycle) in variants {
+            let chosen = implementations.filter { $0 != .icedRust && (!$0.noopOnly || (churn == 0 && name == "reconcile")) }
+            let cases = chosen.map { ReconcileCase($0, sets: table.list, initial: table.base, cycle: cycle) }
+            let measurements = measureSideBySide(cases, budget) { cases[$0].finish() }
+            for (c, m) in zip(cases, measurements) {
+                let implementation = c.implementation
+                for p in c.problems { warn("\(name) \(implementation.rawValue) size \(table.size) churn \(churn)% \(variant): \(p)") }
+                records.append(Record(
+                    benchmark: name, implementation: implementation.rawValue, size: table.size, churn: churn,
+                    unit: "reconcile", runs: m.runs, medianNanos: m.median, p99Nanos: m.p99,
+                    driverCalls: implementation.callsDriver ? Double(c.driverCalls) / Double(max(1, c.iterations)) : nil,
+                    allocations: m.allocationsPerRun, variant: variant, rangeMin: m.rangeMin, rangeMax: m.rangeMax))
+                progress("\(name) \(implementation.rawValue) \(table.size) \(churn)% \(variant): \(duration(m.median))")
+            }
+            if name == "reconcile", implementations.contains(.icedRust), let path = icedRust {
+                if let r = runIcedRust(path, size: table.size, churn: churn, variant: variant, budget: budget) {
+                    records.append(r)
+                    progress("\(name) iced-rust \(table.size) \(churn)% \(variant): \(duration(r.medianNanos))")
+                }
+            }
         }
     }
+}
+
+/// Runs the Rust iced tracker (`path`) on the inputs of `size`, `churn` and
+/// `variant` with the same repetitions and block time; nil (with a warning)
+/// when it cannot.
+func runIcedRust(_ path: String, size: Int, churn: Int, variant: String, budget: Budget) -> Record? {
+    let rounds = max(3, budget.rounds)
+    let blockMillis = max(1, Int((budget.time / rounds).nanoseconds / 1_000_000))
+    let command = "'\(path)' \(size) \(churn) \(variant) \(rounds) \(blockMillis) \(budget.minRuns)"
+    guard let pipe = popen(command, "r") else {
+        warn("iced-rust: cannot run \(path)")
+        return nil
+    }
+    var values: [String: Double] = [:]
+    var line = [CChar](repeating: 0, count: 256)
+    while fgets(&line, Int32(line.count), pipe) != nil {
+        let text = String(decoding: line.prefix { $0 != 0 && $0 != 10 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        let fields = text.split(separator: " ")
+        if fields.count == 2, let v = Double(fields[1]) { values[String(fields[0])] = v }
+    }
+    let status = pclose(pipe)
+    guard status == 0, let median = values["median_ns"], let running = values["running"] else {
+        warn("iced-rust: \(path) failed (status \(status)); build it with `make bench` or pass --iced-rust PATH")
+        return nil
+    }
+    if Int(running) != size { warn("iced-rust: \(Int(running)) running after the updates, expected \(size)") }
+    return Record(
+        benchmark: "reconcile", implementation: Implementation.icedRust.rawValue, size: size, churn: churn,
+        unit: "reconcile", runs: Int(values["runs"] ?? 0), medianNanos: median, p99Nanos: .nan,
+        allocations: values["allocations_per_update"], variant: variant,
+        rangeMin: values["range_min_ns"], rangeMax: values["range_max_ns"])
 }
 
 // MARK: Memory
@@ -107,7 +156,7 @@ private func ticketBytesTracked(_ set: DesiredSet) -> Double {
 func memoryBenchmark(table: SetTable, implementations: [Implementation], repeats: Int, into records: inout [Record]) {
     let set = table.base
     let perTicket = ticketBytes(set)
-    for implementation in implementations {
+    for implementation in implementations where implementation != .icedRust && implementation != .floor {
         if implementation.usesTickets { _ = set.tickets }
         var nanos: [Double] = []
         var bytes: [Double] = []

@@ -59,7 +59,8 @@ extension ActiveSource {
         hasPoster = false
         position = 0
         if state != nil { state = nil }
-        if !Self.same(tagger, sub.pointee.tagger) { tagger = sub.pointee.tagger }
+        unpinTagger()
+        taggerRef = .passUnretained(sub.pointee.tagger)
         if self.memo !== memo { self.memo = memo }
         self.epoch = epoch
     }

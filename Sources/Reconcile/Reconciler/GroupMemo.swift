@@ -10,6 +10,10 @@ final class GroupMemo {
     /// (read on the skip path without reference counting).
     private(set) var node: GroupIdentity?
     private(set) var nodeRef: Unmanaged<GroupIdentity>?
+    /// The set this group was last walked from (the desired set, for the
+    /// root): it holds the taggers of the group's entries, which hold them
+    /// unretained (see `ActiveSource`).
+    var content: Subscriptions<ReconcileEngine.Erased>?
     /// Maps the group's messages to its parent's (nil: the same type).
     var forward: ((Any) -> Any)?
     /// The entries in desired order, unretained: the active table holds

@@ -13,11 +13,38 @@ extension ReconcileEngine {
         precondition(root.subtreeCount == total, "root.subtreeCount \(root.subtreeCount), entries \(total)")
     }
 
+    /// The taggers of `content`'s plain parts; nil when it has mapped parts.
+    private func heldTaggers(_ content: Subscriptions<Erased>?) -> Set<ObjectIdentifier>? {
+        var held = Set<ObjectIdentifier>()
+        var parts: [SubscriptionsPart<Erased>] = []
+        switch content?.storage {
+        case nil: return held
+        case .one(let p)?: parts = [p]
+        case .many(let ps)?: parts = ps
+        }
+        for p in parts {
+            switch p {
+            case .items(let items): for s in items { held.insert(ObjectIdentifier(s.core.tagger)) }
+            case .group: break
+            case .mapped: return nil
+            }
+        }
+        return held
+    }
+
     /// Checks `memo` and its nested groups; returns the entries they claim.
     private func check(_ memo: GroupMemo, seen: inout Set<ObjectIdentifier>) -> Int {
         var count = 0
+        // Every entry's tagger is held by its group's content (entries hold
+        // taggers unretained: see `ActiveSource`). Contents with mapped parts
+        // are not looked into.
+        let held = heldTaggers(memo.content)
         for u in memo.order {
             let e = u.takeUnretainedValue()
+            if let held {
+                precondition(held.contains(ObjectIdentifier(e.taggerRef.takeUnretainedValue())),
+                             "\(e.id)'s tagger is not held by its group's content")
+            }
             precondition(seen.insert(ObjectIdentifier(e)).inserted, "\(e.id) is claimed twice")
             precondition(e.memo === memo, "\(e.id) is in a group's order but names another group")
             precondition(table.find(e.id) === e, "\(e.id) is in a group's order but not in the table")

@@ -57,6 +57,10 @@ extension ReconcileEngine {
         let before = changes + records.starts.count + records.restarts.count + records.retunes.count + duplicates.count
         // While reusing, groups nested in this one are offered its last children.
         let built = reusing ? reuse.comparing(childrenOf: memo) { node.build() } : node.build()
+        // The group's content holds its entries' taggers (see `ActiveSource`);
+        // the last one goes at the end of the reconcile.
+        if let previous = memo.content { releasedContents.append(previous) }
+        memo.content = built
         begin(memo)
         walk(built)
         finish(memo)

@@ -2,7 +2,10 @@
 /// and taking the table apart.
 extension ReconcileEngine {
     func collectStops() {
-        guard !scans.isEmpty || !displaced.isEmpty else { return retire([]) }
+        guard !scans.isEmpty || !displaced.isEmpty else {
+            PlanRecords.forEach(records.restarts) { $0.pinTagger() }
+            return retire([])
+        }
         var stops: [ActiveSource?] = []
         var bound = displaced.count
         for scan in scans { bound += scan.order.count - scan.from }
@@ -28,7 +31,12 @@ extension ReconcileEngine {
             }
         }
         scans.removeAll(keepingCapacity: true)
+        // Stopped entries with a poster keep their taggers (see
+        // `ActiveSource`) before any content that holds them goes.
+        PlanRecords.forEach(stops) { $0.pinTagger() }
+        PlanRecords.forEach(records.restarts) { $0.pinTagger() }
         for memo in vanished {
+            memo.content = nil
             memo.order = []
             memo.children = [:]
             memo.childOrder = []
@@ -91,6 +99,7 @@ extension ReconcileEngine {
     /// Removes and returns every active source, in activation order (shutdown).
     func removeAll() -> [ActiveSource] {
         let all = activeInOrder
+        for e in all { e.pinTagger() }
         table.removeAll()
         dismantle()
         return all
@@ -102,6 +111,7 @@ extension ReconcileEngine {
         nextRetired = 0
         func clear(_ memo: GroupMemo) {
             for child in memo.children.values { clear(child) }
+            memo.content = nil
             memo.children = [:]
             memo.childOrder = []
             memo.newChildOrder = []

@@ -32,6 +32,9 @@ final class ReconcileEngine {
     /// (stopped unless claimed elsewhere in this reconcile).
     @exclusivity(unchecked) var displaced: [(memo: Unmanaged<GroupMemo>, entry: Unmanaged<ActiveSource>)] = []
     var vanished: [GroupMemo] = []
+    /// The contents of groups rebuilt in this reconcile, released at its end
+    /// (after the stops pinned the taggers they hold).
+    var releasedContents: [Subscriptions<Erased>] = []
     @exclusivity(unchecked) var changes = 0
     /// Starts in the last reconcile that had any: the first start of a
     /// reconcile reserves that many (one allocation for the list, not a
@@ -102,9 +105,17 @@ final class ReconcileEngine {
         duplicates = []
         notPure = []
         begin(root)
-        walk(Self.erase(desired))
+        // The root's content holds the plain parts' taggers (see
+        // `ActiveSource`); the last one is released only after the stops
+        // have pinned theirs.
+        let erased = Self.erase(desired)
+        let previous = root.content
+        root.content = erased
+        walk(erased)
         finish(root)
         collectStops()
+        withExtendedLifetime(previous) {}
+        if !releasedContents.isEmpty { releasedContents.removeAll(keepingCapacity: true) }
         if !records.starts.isEmpty {
             lastStarts = records.starts.count
             if !deferringBoxRetains { PlanRecords.forEachStart(records.starts) { _, box in _ = box.retain() } }
@@ -171,7 +182,7 @@ final class ReconcileEngine {
         for i in items.indices {
             // Entries are read unretained (the table holds them) and the
             // desired subscription is borrowed in place: a kept subscription
-            // costs no reference counting unless its tagger changed.
+            // costs no reference counting.
             let d = base + i
             var found: Unmanaged<ActiveSource>?
             if memo.cursor < memo.order.count {
@@ -197,9 +208,9 @@ final class ReconcileEngine {
                 guard e.memo === memo else { return false }
                 guard Self.sameBox(.passUnretained(e.configurationBox), .passUnretained(items[i].configurationBox)) else { return false }
                 e.epoch = epoch
-                if Unmanaged.passUnretained(e.tagger).toOpaque() != Unmanaged.passUnretained(items[i].tagger).toOpaque() {
-                    e.tagger = items[i].tagger
-                }
+                // A plain store: the memo's content holds the tagger (see
+                // `ActiveSource`), no reference counting.
+                e.taggerRef = .passUnretained(d.pointee.tagger)
                 return true
             }
             if kept {
@@ -266,13 +277,13 @@ final class ReconcileEngine {
             e.memo = memo
         }
         if Self.sameBox(e.configurationBox, d.pointee.configurationBox) {
-            if e.tagger !== d.pointee.tagger { e.tagger = d.pointee.tagger }
+            e.taggerRef = .passUnretained(d.pointee.tagger)
             kept += 1
             place(.passUnretained(e), replacing: nil, in: memo)
         } else if !e.hasFailed && e.source.canRetune(e.configurationBox, d.pointee.configurationBox) {
             records.retunes.append((e, e.configurationBox, d.pointee.configurationBox))
             e.configurationBox = d.pointee.configurationBox
-            e.tagger = d.pointee.tagger
+            e.taggerRef = .passUnretained(d.pointee.tagger)
             place(.passUnretained(e), replacing: nil, in: memo)
         } else {
             let fresh = makeEntry(d, memo)

@@ -45,6 +45,24 @@ final class WakingQueue<Item, Extra>: Sendable {
         }
     }
 
+    /// Takes the oldest `limit` items at most; when more are left, the
+    /// waker is called again (after the lock) so the loop comes back for
+    /// them in a later iteration, after its other sources.
+    func take(upTo limit: Int) -> [Item] {
+        let (items, waker): ([Item], Waker?) = state.withLock { s in
+            if s.items.count <= limit {
+                let items = s.items
+                s.items = []
+                return (items, nil)
+            }
+            let items = Array(s.items[..<limit])
+            s.items.removeFirst(limit)
+            return (items, s.waker)
+        }
+        waker?()
+        return items
+    }
+
     /// Closes the queue (then `reset` the extra state) and returns what was
     /// still queued.
     func close(reset: (inout Extra) -> Void = { _ in }) -> [Item] {
@@ -87,6 +105,9 @@ final class Inbox<Message>: Sendable {
     func retire(_ a: Activation) { queue.withExtra { _ = $0.remove(a) } }
 
     func takeAll() -> [Item] { queue.takeAll() }
+
+    /// The oldest `limit` items at most; the loop is woken again for the rest.
+    func take(upTo limit: Int) -> [Item] { queue.take(upTo: limit) }
 
     /// Closes the inbox and returns what was still queued.
     func close() -> [Item] { queue.close { $0 = [] } }

@@ -150,8 +150,14 @@ public final class Runtime<P: Program>: DriverHost {
         taskRegistry.checkSettled()
     }
 
+    /// Inbox items one pump moves at most: a flood of posted events or
+    /// sent messages reaches `update` in batches of this many (one
+    /// reconcile each), and the loop's other sources (a timer) run between
+    /// batches instead of waiting for the whole inbox (up to its capacity).
+    static var pumpLimit: Int { 256 }
+
     private func moveInbox() {
-        for item in inbox.takeAll() {
+        for item in inbox.take(upTo: Self.pumpLimit) {
             if let envelope = envelope(item) { mailbox.append(envelope) }
         }
         taskRegistry.takeResults { mailbox.append(Envelope(message: $0, source: nil, origin: .task($1))) }

@@ -16,7 +16,8 @@ extension DescriptorSource: SystemdSource {
 /// framed into events; for a connection, a write queue drained on `EPOLLOUT`.
 final class DescriptorRunner: RunningSource {
     /// Bytes read per dispatch at most, so one flooding descriptor leaves
-    /// the loop to its other sources between dispatches.
+    /// the loop to its other sources between dispatches; shared among the
+    /// open descriptors (`IOState.readBudgetPerDispatch`).
     static let readBudget = 64 << 10
     /// Datagrams read per dispatch at most.
     static let datagramBudget = 64
@@ -77,6 +78,7 @@ final class DescriptorRunner: RunningSource {
             }
             EventSource.account(s!)
             source = s
+            state.readerOpened()
         } catch {
             if configuration.ownsDescriptor { Glibc.close(fd) }
             if let c = configuration.connection { state.closed(c.id) }
@@ -159,7 +161,7 @@ final class DescriptorRunner: RunningSource {
     }
 
     private func readStream() {
-        var budget = Self.readBudget
+        var budget = state.readBudgetPerDispatch
         var events: [DescriptorSource.Event] = []
         var items: [LineBuffer.Item] = []
         var ended = false
@@ -308,7 +310,10 @@ final class DescriptorRunner: RunningSource {
         guard open else { return }
         open = false
         reading = false
-        if let source { sd_event_source_disable_unref(source) }
+        if let source {
+            sd_event_source_disable_unref(source)
+            state.readerClosed()
+        }
         source = nil
         queue = []
         queueStart = 0

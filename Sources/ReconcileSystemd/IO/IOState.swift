@@ -28,6 +28,18 @@ final class IOState {
 
     init(loop: EventLoop) { self.loop = loop }
 
+    /// Descriptors open for reading now (`DescriptorRunner`).
+    private(set) var readers = 0
+    func readerOpened() { readers += 1 }
+    func readerClosed() { readers -= 1 }
+
+    /// Bytes one descriptor's dispatch reads at most: `DescriptorRunner.readBudget`
+    /// shared among the open descriptors (at least 4 KiB), so a round of
+    /// the loop over many flooding descriptors reads about that much in
+    /// all, and a timer due meanwhile waits for that much work, not for
+    /// the budget times the number of descriptors.
+    var readBudgetPerDispatch: Int { max(4 << 10, DescriptorRunner.readBudget / max(1, readers)) }
+
     /// Registers a connection `listener` just accepted; returns its id.
     func register(fd: Int32, listener: ListenerRunner) -> UInt64 {
         let id = nextConnection

@@ -24,10 +24,15 @@ public final class SystemdDriver: Driver {
     private var lastKind: (id: ObjectIdentifier, type: (any SystemdSource.Type)?)?
     /// Stopped timer runners (unlinked), armed again by later timer starts
     /// (no allocation and no free per timer); at most `spareTimerLimit`.
+    /// A runner is made only when none is spare, so this never holds more
+    /// than the most timers that ran at once: a daemon that ran 100,000
+    /// starts them again with no allocation of ours (sd-event's own source
+    /// is the one allocation per start).
     /// (Loop thread only, no access spans a reentrant call: no dynamic
     /// exclusivity checks, as on the runners' links below.)
     @exclusivity(unchecked) private var spareTimers: [TimerRunner] = []
-    static let spareTimerLimit = 16_384
+    /// About 28 MB of spare runners at most (a runner is about 112 bytes).
+    static let spareTimerLimit = 262_144
     /// Stopped file watch runners (unlinked, with their `Watch` records and
     /// lists), started again by later watches; at most `spareWatchLimit`.
     private var spareWatches: [FileWatchRunner] = []

@@ -71,7 +71,7 @@ final class TimerRunner: DriverRunner {
             }, Unmanaged.passUnretained(self).toOpaque()))
         self.ticket = ticket
         handle = s
-        EventSource.account(s!)
+        EventSource.accountReleasedByOwner()
     }
 
     private func fire() {
@@ -128,6 +128,7 @@ final class TimerRunner: DriverRunner {
             handle = nil
             ticket = nil
             sd_event_source_disable_unref(h)
+            EventSource.releasedByOwner()
         }
     }
 }
