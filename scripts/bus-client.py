@@ -18,7 +18,8 @@
 #                                      an Echo("sync") round trip, so the service
 #                                      has dispatched METHOD); prints "sent UNIQUE"
 #   own ADDRESS NAME SECONDS           takes NAME with REPLACE_EXISTING, prints
-#                                      "owned", holds it SECONDS (or until killed)
+#                                      "owned", holds it SECONDS (or until killed);
+#                                      "error NAME" (exit 1) when refused
 import json
 import sys
 import time
@@ -60,7 +61,11 @@ address = sys.argv[2]
 
 if mode == "own":
     bus = dbus.bus.BusConnection(address)
-    r = bus.request_name(sys.argv[3], dbus.bus.NAME_FLAG_REPLACE_EXISTING | dbus.bus.NAME_FLAG_DO_NOT_QUEUE)
+    try:
+        r = bus.request_name(sys.argv[3], dbus.bus.NAME_FLAG_REPLACE_EXISTING | dbus.bus.NAME_FLAG_DO_NOT_QUEUE)
+    except dbus.exceptions.DBusException as e:
+        print("error %s" % e.get_dbus_name(), flush=True)
+        sys.exit(1)
     print("owned" if r == dbus.bus.REQUEST_NAME_REPLY_PRIMARY_OWNER else "not-owned %d" % r, flush=True)
     time.sleep(float(sys.argv[4]))
     sys.exit(0)

@@ -14,11 +14,13 @@ public struct Arguments: Equatable, Sendable {
     public var record: String?
     /// `--replay FILE`: print what the recorded session printed, then exit.
     public var replay: String?
+    /// `--bus system|user|ADDRESS`: serve the state on this bus (`ConnectivityService`).
+    public var bus: BusAddress?
 
     public init() {}
 
     /// The options that take a value; `--option value` or `--option=value`.
-    public static let valued = ["--format", "--backend", "--include", "--exclude", "--settle", "--config", "--record", "--replay"]
+    public static let valued = ["--format", "--backend", "--include", "--exclude", "--settle", "--config", "--record", "--replay", "--bus"]
     /// The options without a value.
     public static let flags = ["--once", "--help", "-h", "--version"]
 }
@@ -57,7 +59,7 @@ public func parseArguments(_ args: [String], directory: String) -> Result<Argume
             continue
         }
         guard Arguments.valued.contains(option) else {
-            return fail("unknown option '\(args[i])' (accepted: --format, --once, --backend, --include, --exclude, --settle, --config, --record, --replay, --help, --version)")
+            return fail("unknown option '\(args[i])' (accepted: --format, --once, --backend, --include, --exclude, --settle, --config, --record, --replay, --bus, --help, --version)")
         }
         let v: String
         if let inline {
@@ -87,6 +89,14 @@ public func parseArguments(_ args: [String], directory: String) -> Result<Argume
             o.settings.connectivity.settle = d == .zero ? nil : d
         case "--record": o.record = v
         case "--replay": o.replay = v
+        case "--bus":
+            switch v {
+            case "system": o.bus = .system
+            case "user": o.bus = .user
+            default:
+                guard v.contains(":") else { return fail("bad value '\(v)' for --bus (accepted: system, user, or a D-Bus address like unix:path=/run/x/bus)") }
+                o.bus = .address(v)
+            }
         default:   // --config
             o.config = v.hasPrefix("/") ? v : directory + "/" + v
         }
