@@ -173,6 +173,7 @@ extension ProgramTester {
     ///   - arguments: The arguments.
     ///   - caller: Who calls.
     ///   - replies: The tokens' replier.
+    ///   - sourceLocation: Where an object the model does not export is reported.
     /// - Returns: What the call came to, and the commands `update` returned (none when refused).
     @discardableResult
     public mutating func call(_ member: String, interface: String, at path: String, on bus: BusAddress, arguments: [BusValue] = [],

@@ -155,8 +155,13 @@ struct Served: Program {
     enum Command { case bus(BusCommand) }
 
     let bus: BusAddress
+    var flags: BusNameFlags = [.allowReplacement]
 
-    func start() -> (Model, [Command]) { (Model(), []) }
+    func start() -> (Model, [Command]) {
+        var m = Model()
+        m.nameFlags = flags
+        return (m, [])
+    }
 
     func update(_ m: inout Model, _ message: Message) -> [Command] {
         switch message {
@@ -194,6 +199,12 @@ struct Served: Program {
             case "Never": m.never.append(c.token)
             case "Privileged":
                 return [.bus(.reply(c.token, [.string("uid \(c.caller.uid.map(String.init) ?? "?")")]))]
+            case "Unexport":
+                // The object goes in the reconcile that follows, inside its own callback.
+                m.exported = false
+                return [.bus(.reply(c.token))]
+            case "BadReply":
+                return [.bus(.reply(c.token, [.int32(1)]))]
             case "Emit":
                 return [.bus(.emitSignal(bus: bus, path: Self.path, interface: Self.iface, member: "Changed", values: [arg ?? .string("")])),
                         .bus(.reply(c.token))]
@@ -214,6 +225,8 @@ struct Served: Program {
                 BusMethodDeclaration("Privileged", inputs: [BusArgument("claimed_uid", .uint32)], outputs: [BusArgument("who", .string)],
                                      access: .root),
                 BusMethodDeclaration("Emit", inputs: [BusArgument("text", .string)]),
+                BusMethodDeclaration("Unexport"),
+                BusMethodDeclaration("BadReply", outputs: [BusArgument("text", .string)]),
             ], properties: [
                 BusExportedProperty("State", .string(m.state)),
                 BusExportedProperty("Online", .boolean(m.online)),
@@ -238,9 +251,11 @@ struct Served: Program {
 
 extension Harness where P == Served {
     /// A harness whose interpreter performs bus commands on its driver.
-    static func served(_ bus: BusAddress, model: ((inout Served.Model) -> Void)? = nil) throws -> Harness<Served> {
+    static func served(_ bus: BusAddress, flags: BusNameFlags? = nil) throws -> Harness<Served> {
         let ref = DriverRef()
-        let h = try Harness(Served(bus: bus)) { command, _ in
+        var program = Served(bus: bus)
+        if let flags { program.flags = flags }
+        let h = try Harness(program) { command, _ in
             if case .bus(let b) = command { ref.driver?.perform(b) }
         }
         ref.driver = h.driver

@@ -249,3 +249,72 @@ extension SystemdTests {
         }
     }
 }
+
+extension SystemdTests.BusServer {
+    @Test func aQueuedRequestIsLostQueuedThenAcquiredAndATakenNameWithoutQueueIsAFailure() throws {
+        let bus = try OpenPrivateBus()
+        let other = try Spawned("/usr/bin/python3 \(repositoryScript("bus-client.py")) own \(bus.address) \(Served.name) 30")
+        defer { other.kill() }
+        let deadline = ContinuousClock.now + .seconds(10)
+        while !other.output.contains("owned"), ContinuousClock.now < deadline { usleep(10_000) }
+        let queued = try Harness.served(bus.busAddress, flags: [.queue])
+        try queued.run(until: { queued.runtime.model.nameEvents == [.lost(.queued)] })
+        let taken = try Harness.served(.address(bus.address), flags: [])
+        try taken.run(until: { !taken.runtime.model.nameEvents.isEmpty })
+        guard case .failed(let f) = taken.runtime.model.nameEvents.first else {
+            Issue.record("expected a failure, got \(taken.runtime.model.nameEvents)")
+            return
+        }
+        #expect(f.code == EEXIST)
+        // The owner goes: the queued one gets it.
+        other.kill()
+        try queued.run(until: { queued.runtime.model.nameEvents == [.lost(.queued), .acquired] })
+    }
+
+    @Test func anObjectUnexportedFromInsideItsOwnCallAnswersAndABadReplyIsAnErrorNotALie() throws {
+        let bus = try OpenPrivateBus()
+        let h = try Harness.served(bus.busAddress)
+        try h.run(until: { h.runtime.model.nameEvents == [.acquired] })
+        var out = try h.client(client("call", bus, "\(iface) BadReply '' '[]'"))
+        #expect(out == "{\"error\": \"org.freedesktop.DBus.Error.Failed\"}\n")
+        out = try h.client("gdbus call --address \(bus.address) --dest \(Served.name) --object-path \(path) --method \(iface).Unexport")
+        #expect(out == "()\n")
+        #expect(!h.runtime.model.exported)
+        out = try h.client("gdbus call --address \(bus.address) --dest \(Served.name) --object-path \(path) --method \(iface).Echo x")
+        #expect(out.contains("UnknownObject"), "\(out)")
+        try h.runtime.send(.exported(true))
+        out = try h.client("gdbus call --address \(bus.address) --dest \(Served.name) --object-path \(path) --method \(iface).Echo x")
+        #expect(out == "('x',)\n")
+    }
+
+    @Test func callsUnansweredAtShutdownGetAnErrorReply() throws {
+        let bus = try OpenPrivateBus()
+        let h = try Harness.served(bus.busAddress)
+        try h.run(until: { h.runtime.model.nameEvents == [.acquired] })
+        let never = try Spawned(client("call", bus, "\(iface) Never '' '[]'"))
+        try h.run(until: { h.runtime.model.never.count == 1 })
+        _ = h.tester.shutdown()
+        let deadline = ContinuousClock.now + .seconds(20)
+        while !never.isDone, ContinuousClock.now < deadline { usleep(10_000) }
+        // Ours (Failed) when it left before the connection closed, else the daemon's (NoReply).
+        #expect(never.output == "{\"error\": \"org.freedesktop.DBus.Error.Failed\"}\n"
+                || never.output == "{\"error\": \"org.freedesktop.DBus.Error.NoReply\"}\n", "\(never.output)")
+    }
+
+    @Test func aLostBusIsOneFailureAndTheObjectAndNameComeBackWithTheBus() throws {
+        let bus = try PrivateBus()
+        let h = try Harness.served(bus.busAddress)
+        try h.run(until: { h.runtime.model.nameEvents == [.acquired] })
+        bus.kill()
+        try h.run(until: { h.runtime.model.objectFailures.count == 1 && h.runtime.model.nameEvents.count == 2 })
+        guard case .failed = h.runtime.model.nameEvents.last else {
+            Issue.record("expected a failure, got \(h.runtime.model.nameEvents)")
+            return
+        }
+        try bus.start()
+        try h.run(until: { h.runtime.model.nameEvents.last == .acquired }, timeout: .seconds(10))
+        #expect(h.runtime.model.objectFailures.count == 1)
+        let out = try h.client("busctl --address=\(bus.address) get-property \(Served.name) \(path) \(iface) State")
+        #expect(out == "s \"idle\"\n")
+    }
+}

@@ -86,9 +86,16 @@ final class BusObjectRunner: RunningSource, BusConnectionClient {
         slot = nil
     }
 
-    private func forgetCallers() {
+    /// Drops the credentials and the calls waiting for them (answered with
+    /// `error` when the connection can still carry it).
+    private func forgetCallers(answering error: BusError? = nil) {
         credentials = [:]
-        for (_, ms) in waitingForCredentials { for m in ms { sd_bus_message_unref(m) } }
+        for (_, ms) in waitingForCredentials {
+            for m in ms {
+                if let error { busSendError(m, error) }
+                sd_bus_message_unref(m)
+            }
+        }
         waitingForCredentials = [:]
         waitingCount = 0
     }
@@ -285,8 +292,9 @@ final class BusObjectRunner: RunningSource, BusConnectionClient {
         guard !stopped else { return }
         stopped = true
         releaseSlot()
-        forgetCallers()
-        replies.close(BusError(BusError.failed, "\(object.path) was unexported before it answered"))
+        let gone = BusError(BusError.failed, "\(object.path) was unexported before it answered")
+        forgetCallers(answering: connection.isUp ? gone : nil)
+        replies.close(gone)
         connection.unregister(self)
     }
 
