@@ -71,11 +71,15 @@ final class BusObjectRunner: RunningSource, BusConnectionClient {
         slot = s
     }
 
+    /// The bus went: one `.failed` event, delivered as an event rather
+    /// than a source failure, because this runner exports the object again
+    /// by itself when the bus is back; a failed source's next change would
+    /// be a restart (a new export, no `PropertiesChanged`) instead of a retune.
     func busLost(_ failure: SourceFailure) {
         releaseSlot()
         forgetCallers()
         replies.dropAll()   // their connection is gone: no reply can be sent
-        if !stopped { ticket.fail(failure) }
+        if !stopped { ticket.emit(BusObjectSource.Event.failed(failure)) }
     }
 
     private func releaseSlot() {
