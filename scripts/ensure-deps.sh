@@ -7,6 +7,7 @@ need libsystemd-dev
 need pkg-config
 need iproute2
 need dbus-daemon
+need dbus-bin
 need systemd
 need jq
 need python3-dbus

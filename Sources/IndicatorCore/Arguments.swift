@@ -28,11 +28,13 @@ public struct Arguments: Equatable, Sendable {
         /// Never.
         case off
     }
+    /// `--bus system|user|ADDRESS`: serve the state on this bus (`ConnectivityService`).
+    public var bus: BusAddress?
 
     public init() {}
 
     /// The options that take a value; `--option value` or `--option=value`.
-    public static let valued = ["--format", "--backend", "--include", "--exclude", "--settle", "--config", "--record", "--replay", "--logind"]
+    public static let valued = ["--format", "--backend", "--include", "--exclude", "--settle", "--config", "--record", "--replay", "--logind", "--bus"]
     /// The options without a value.
     public static let flags = ["--once", "--help", "-h", "--version"]
 }
@@ -71,7 +73,7 @@ public func parseArguments(_ args: [String], directory: String) -> Result<Argume
             continue
         }
         guard Arguments.valued.contains(option) else {
-            return fail("unknown option '\(args[i])' (accepted: --format, --once, --backend, --include, --exclude, --settle, --config, --record, --replay, --logind, --help, --version)")
+            return fail("unknown option '\(args[i])' (accepted: --format, --once, --backend, --include, --exclude, --settle, --config, --record, --replay, --logind, --bus, --help, --version)")
         }
         let v: String
         if let inline {
@@ -104,6 +106,14 @@ public func parseArguments(_ args: [String], directory: String) -> Result<Argume
             o.logind = p
         case "--record": o.record = v
         case "--replay": o.replay = v
+        case "--bus":
+            switch v {
+            case "system": o.bus = .system
+            case "user": o.bus = .user
+            default:
+                guard v.contains(":") else { return fail("bad value '\(v)' for --bus (accepted: system, user, or a D-Bus address like unix:path=/run/x/bus)") }
+                o.bus = .address(v)
+            }
         default:   // --config
             o.config = v.hasPrefix("/") ? v : directory + "/" + v
         }

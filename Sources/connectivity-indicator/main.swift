@@ -31,6 +31,10 @@ let help = """
                                  transcript (no netlink, no bus); exit 3 when FILE
                                  is not a transcript of this program, 4 when the
                                  program now decides differently
+      --bus system|user|ADDRESS  serve the state on a bus: owns
+                                 org.reconcile.Connectivity1, properties State,
+                                 Online, Interfaces (with change signals), method
+                                 Refresh()
       --help, --version
 
     A value that starts with '-' is given as --option=value.
@@ -198,7 +202,9 @@ do {
         if terminal { drawn.withLock { $0 = line } }
         out(terminal ? line : line + "\n")
     }
+    let service = try options.bus.map { try serveOnBus($0, daemon) }
     let code = try daemon.run()
+    service?.shutdown()
     if terminal { out("\n") }
     exit(code)
 } catch {
