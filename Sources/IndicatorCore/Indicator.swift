@@ -200,9 +200,6 @@ public struct Indicator: Program {
                     Subscription.debounce("config", phase: phase, after: Self.configQuiet) { _ in .configQuiet(phase) }
                 }
             }
-            if !once {
-                Subscription.signal(.hangup) { _ in .reload }
-            }
         }
     }
 

@@ -6,7 +6,6 @@ import Testing
 
 let net = SubscriptionID(ConnectivitySource.self, key: "net")
 let since = SubscriptionID(TimerSource.self, key: "since")
-let hup = SubscriptionID(SignalSource.self, key: SignalSource.Signal.hangup)
 
 func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySource.Event {
     .online(via: name, at: at)
@@ -15,12 +14,12 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
 @Suite struct IndicatorTests {
     @Test func relativeTimeTimerExistsOnlyWhenTheTextViewNeedsIt() {
         var t = ProgramTester(Indicator(format: .text))
-        #expect(t.subscriptionIDs == [net, hup])
+        #expect(t.subscriptionIDs == [net])
         t.event(online(), from: net)
-        #expect(t.subscriptionIDs == [net, since, hup])
+        #expect(t.subscriptionIDs == [net, since])
         var json = ProgramTester(Indicator(format: .json))
         json.event(online(), from: net)
-        #expect(json.subscriptionIDs == [net, hup])
+        #expect(json.subscriptionIDs == [net])
     }
 
     @Test func presentationChangeRetunesNothingAndKeepsConnectivity() {
@@ -30,9 +29,10 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
         t.send(.configRead(path: path, contents: ""))
         t.event(online(), from: net)
         t.send(.configRead(path: path, contents: "show_since = no\n"))
-        // The timer goes; the connectivity source is kept (no driver call).
+        // The timer goes; the connectivity source is kept (no driver call),
+        // and the config watch (SIGHUP is the daemon's reload now).
         #expect(t.lastPlan.steps.map(\.description) == ["stop timer:since"])
-        #expect(t.lastPlan.kept == 3)
+        #expect(t.lastPlan.kept == 2)
         // A settle change is a retune in place, not a restart.
         t.send(.configRead(path: path, contents: "show_since = no\nsettle = 2s\n"))
         #expect(t.lastPlan.steps.map(\.description) == ["retune connectivity:net: backend auto -> backend auto settle 2s"])
