@@ -6,13 +6,13 @@ import ReconcileSystemd
 /// start, long grace, the fd store, credentials.
 struct LifecycleProgram: Program {
     /// What the start does.
-    enum Start { case quick, slow(Duration), fail, longTask }
+    enum Start { case quick, slow(Duration), fail, longTask, stubborn(Duration) }
     let begin: Start
     let reloadWork: Duration
 
     struct Model: Equatable { var reloads = 0, reloaded = 0, started = false }
     enum Message: Sendable { case reload, reloadDone, startDone, stopping, ended }
-    enum Command { case work(String, Duration), fail, longTask, say(String) }
+    enum Command { case work(String, Duration), fail, longTask, stubborn(Duration), say(String) }
 
     func start() -> (Model, [Command]) {
         switch begin {
@@ -20,6 +20,7 @@ struct LifecycleProgram: Program {
         case .slow(let d): (Model(), [.work("start", d)])
         case .fail: (Model(), [.fail])
         case .longTask: (Model(started: true), [.longTask])
+        case .stubborn(let d): (Model(started: true), [.stubborn(d)])
         }
     }
 
@@ -52,6 +53,20 @@ func runLifecycleProbe(_ args: ArraySlice<String>) -> Int32 {
     case "slow": begin = .slow(.milliseconds(Int(args.popFirst() ?? "") ?? 0))
     case "fail": begin = .fail
     case "long": begin = .longTask
+    case "stubborn": begin = .stubborn(.milliseconds(Int(args.popFirst() ?? "") ?? 0))
+    case "unit":
+        // Under systemd (scripts/systemd-namespace-test.sh): the socket
+        // from the fd store or bound and stored, then `stubborn`.
+        let path = args.popFirst() ?? "/run/life.sock"
+        do {
+            let (socket, passed, stored) = try FileDescriptorStore.socket(named: "web", orBind: path)
+            var st = stat()
+            fstat(socket.fd, &st)
+            say("pid \(getpid()) socket passed=\(passed) stored=\(stored) inode=\(st.st_ino)")
+        } catch {
+            say("socket error \(error)")
+        }
+        begin = .stubborn(.milliseconds(Int(args.popFirst() ?? "") ?? 0))
     default: break
     }
     var reloadWork = Duration.milliseconds(300)
@@ -80,6 +95,14 @@ func runLifecycleProbe(_ args: ArraySlice<String>) -> Int32 {
                 say("\(id) waits: \(daemon.readyWaits(for: id))")
             case .fail:
                 daemon.fail("config missing: /nonexistent/probe.conf", errno: ENOENT, exitCode: 4)
+            case .stubborn(let d):
+                // Runs until cancelled, then keeps going for `d` (a long shutdown).
+                daemon.tasks.run(id: "stubborn", placement: .offload) {
+                    while !Task.isCancelled { usleep(10_000) }
+                    say("stubborn task cancelled: \(d) more")
+                    usleep(UInt32(clamping: d.components.seconds * 1_000_000 + d.components.attoseconds / 1_000_000_000_000))
+                    return .ended
+                }
             case .longTask:
                 // Ignores cancellation for a while: the grace is spent.
                 daemon.tasks.run(id: "long", placement: .offload) {
