@@ -403,3 +403,50 @@ extension SystemdTests {
         }
     }
 }
+
+/// The pure parts: the messages, the names systemd accepts, the bounded read.
+@Suite struct ServiceManagerMessages {
+    @Test func failureIsOneStatusLineThenErrnoThenBusError() {
+        #expect(ServiceManager.failureMessage("bad\nconfig", errno: ENOENT, busError: "org.example.Error.Gone")
+                == "STATUS=bad config\nERRNO=\(ENOENT)\nBUSERROR=org.example.Error.Gone")
+        #expect(ServiceManager.failureMessage("plain") == "STATUS=plain")
+    }
+
+    @Test func extensionAndReloadingCarryMicroseconds() {
+        #expect(ServiceManager.extendTimeoutMessage(.milliseconds(1500)) == "EXTEND_TIMEOUT_USEC=1500000")
+        // Saturates through the one conversion (Loop/Usec.swift), no trap.
+        #expect(ServiceManager.extendTimeoutMessage(.seconds(Int64.max)) == "EXTEND_TIMEOUT_USEC=\(UInt64.max)")
+        #expect(ServiceManager.reloadingMessage(monotonicUsec: 42) == "RELOADING=1\nMONOTONIC_USEC=42")
+        let now = monotonicMicroseconds()
+        let stamp = UInt64(ServiceManager.reloadingMessage().split(separator: "=").last ?? "") ?? 0
+        #expect(stamp >= now && stamp - now < 1_000_000)
+    }
+
+    @Test(arguments: [("web", true), ("", false), ("a:b", false), ("tab\there", false), ("é", false),
+                      (String(repeating: "x", count: 255), true), (String(repeating: "x", count: 256), false)])
+    func descriptorNamesAreWhatSystemdAccepts(name: String, valid: Bool) {
+        #expect(FileDescriptorStore.isValidName(name) == valid)
+    }
+
+    @Test func anInvalidDescriptorNameIsAnErrorNotADroppedMessage() {
+        #expect(throws: FileDescriptorStore.StoreError.invalidName("a:b")) { try FileDescriptorStore.store(0, name: "a:b") }
+    }
+
+    @Test(arguments: [("token", true), ("", false), (".", false), ("..", false), ("a/b", false)])
+    func credentialNamesCannotLeaveTheDirectory(name: String, valid: Bool) {
+        #expect(Credentials.isValidName(name) == valid)
+    }
+
+    @Test func boundedReadRefusesAFifoAtOnceAndAFileOverTheLimit() throws {
+        let dir = try makeTemporaryDirectory()
+        defer { removeTree(dir) }
+        #expect(mkfifo(dir + "/fifo", 0o600) == 0)
+        let start = ContinuousClock.now
+        #expect(BoundedFile.read(dir + "/fifo", limit: 10) == .failure(.init(reason: "not a regular file (a FIFO)", errno: EINVAL)))
+        #expect(ContinuousClock.now - start < .seconds(1))
+        try writeFile(dir + "/big", String(repeating: "x", count: 11))
+        #expect(BoundedFile.read(dir + "/big", limit: 10) == .failure(.init(reason: "too large (11 bytes, at most 10)", errno: EFBIG)))
+        #expect(BoundedFile.readText(dir + "/big", limit: 11) == .success(String(repeating: "x", count: 11)))
+        #expect(BoundedFile.read(dir + "/none", limit: 10) == .failure(.init(reason: "No such file or directory", errno: ENOENT)))
+    }
+}
