@@ -37,6 +37,9 @@ let package = Package(
         // sd_notify, the watchdog and shutdown are process-wide).
         .executableTarget(name: "reconcile-probe", dependencies: ["Reconcile", "ReconcileSystemd", "CSystemd"],
                           path: "Tests/Probe", swiftSettings: strict),
+        // The same, with an `async` main (Daemon.run() async, DaemonService).
+        .executableTarget(name: "reconcile-async-probe", dependencies: ["Reconcile", "ReconcileSystemd"],
+                          path: "Tests/AsyncProbe", swiftSettings: strict),
         // The benchmark harness (`make bench`) and the malloc-counting shim
         // only it links.
         .target(name: "CMallocCounter", path: "Benchmarks/CMallocCounter"),

@@ -168,4 +168,28 @@ static inline int CSystemd_set_nonblocking(int fd) {
     return fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 ? -errno : 0;
 }
 
+// --- Signals forwarded to the loop's thread (Daemon/SignalForwarding.swift) ---
+
+/// The calling thread's kernel thread id.
+static inline int CSystemd_gettid(void) {
+    return (int)syscall(SYS_gettid);
+}
+
+/// Queues `signo` with `info` (the sender's pid kept) on thread `tid` of
+/// this process; errno preserved (called from a signal handler). The kernel
+/// lets only the thread whose id is the pid pass a kill()-style `si_code`
+/// on (EPERM elsewhere): from another thread it goes as SI_QUEUE, with the
+/// sender's pid still in it.
+static inline int CSystemd_forward_signal(int tid, int signo, const siginfo_t *info) {
+    int saved = errno;
+    siginfo_t copy = *info;
+    long r = syscall(SYS_rt_tgsigqueueinfo, getpid(), tid, signo, &copy);
+    if (r != 0 && errno == EPERM) {
+        copy.si_code = SI_QUEUE;
+        r = syscall(SYS_rt_tgsigqueueinfo, getpid(), tid, signo, &copy);
+    }
+    errno = saved;
+    return (int)r;
+}
+
 #endif

@@ -289,9 +289,6 @@ public struct Indicator: Program {
                     }
                 }
             }
-            if !once {
-                Subscription.signal(.hangup) { _ in .reload }
-            }
         }
     }
 

@@ -72,53 +72,6 @@ func currentDirectory() -> String {
     return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
-/// Why the config file was not read.
-struct Unreadable: Error { let reason: String }
-
-/// Reads the config file (in an offloaded task: never on the loop thread),
-/// and never waits on a writer: only a regular file is read (a FIFO, a device or a directory is refused before
-/// it is opened, and again after, by `fstat`, in case it was swapped in
-/// between), the open is non-blocking, and at most
-/// `Settings.maximumConfigSize` bytes are read.
-func readConfigFile(_ path: String) -> Result<String, Unreadable> {
-    func refuse(_ reason: String) -> Result<String, Unreadable> { .failure(Unreadable(reason: reason)) }
-    func kind(_ mode: mode_t) -> String? {
-        switch mode & S_IFMT {
-        case S_IFREG: nil
-        case S_IFIFO: "a FIFO"
-        case S_IFCHR: "a character device"
-        case S_IFBLK: "a block device"
-        case S_IFDIR: "a directory"
-        case S_IFSOCK: "a socket"
-        default: "not a regular file"
-        }
-    }
-    var st = stat()
-    guard stat(path, &st) == 0 else { return refuse(String(cString: strerror(errno))) }
-    if let k = kind(st.st_mode) { return refuse("not a regular file (\(k))") }
-    let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
-    guard fd >= 0 else { return refuse(String(cString: strerror(errno))) }
-    defer { close(fd) }
-    guard fstat(fd, &st) == 0 else { return refuse(String(cString: strerror(errno))) }
-    if let k = kind(st.st_mode) { return refuse("not a regular file (\(k))") }
-    let limit = Settings.maximumConfigSize
-    if st.st_size > limit { return refuse("too large (\(st.st_size) bytes, at most \(limit))") }
-    var data: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 4096)
-    while data.count <= limit {
-        let n = read(fd, &chunk, chunk.count)
-        if n < 0 {
-            if errno == EINTR { continue }
-            return refuse(String(cString: strerror(errno)))
-        }
-        if n == 0 { break }
-        data += chunk[..<n]
-    }
-    // The file grew while being read.
-    if data.count > limit { return refuse("too large (more than \(limit) bytes)") }
-    return .success(String(decoding: data, as: UTF8.self))
-}
-
 // Arguments first (no thread is started before the signals are blocked).
 let options: Arguments
 switch parseArguments(Array(CommandLine.arguments.dropFirst()), directory: currentDirectory()) {
@@ -170,6 +123,12 @@ struct TerminalAware: LogHandling {
 // warning or worse goes to stderr (no shutdown report on every run).
 daemonOptions.logger = DaemonLogger(level: options.once ? .warning : .notice,
                                     handler: LogSink.stderrIsJournal() ? LogSink.journal : TerminalAware())
+// SIGHUP (`systemctl reload` with `ExecReload=kill -HUP $MAINPID`) is a
+// reload: RELOADING=1, the config read again, READY=1 once it was applied.
+daemonOptions.reloadMessage = .reload
+// A read already under way when SIGHUP came is followed by another one
+// (the file may have changed after it began): READY=1 waits for both.
+daemonOptions.reloadDone = { !$0.configReading }
 if let path = options.record {
     daemonOptions.recordPath = path
     daemonOptions.recordArguments = recordedArguments(Array(CommandLine.arguments.dropFirst()), options, followsLogind: followsLogind)
@@ -183,11 +142,15 @@ do {
             // lane, never refused for capacity. The program asks for one
             // read at a time.
             let started = daemon.tasks.run(id: "config", placement: .offload) {
-                switch readConfigFile(path) {
+                // Only a regular file, opened non-blocking, at most
+                // `Settings.maximumConfigSize` bytes (BoundedFile).
+                switch BoundedFile.readText(path, limit: Settings.maximumConfigSize) {
                 case .success(let text): .configRead(path: path, contents: text)
                 case .failure(let e): .configUnreadable(path: path, reason: e.reason)
                 }
             }
+            // During a reload READY=1 waits for it (and `reloadDone`).
+            if daemon.isReloading { daemon.readyWaits(for: "config") }
             // Refused only once shutdown has begun.
             if !started { daemon.logger.notice("config \(path) not read: shutting down") }
         case .log(let text):

@@ -6,7 +6,6 @@ import Testing
 
 let net = SubscriptionID(ConnectivitySource.self, key: "net")
 let since = SubscriptionID(TimerSource.self, key: "since")
-let hup = SubscriptionID(SignalSource.self, key: SignalSource.Signal.hangup)
 let sleep = SubscriptionID(BusSignalSource.self, key: "sleep")
 
 func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySource.Event {
@@ -16,12 +15,12 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
 @Suite struct IndicatorTests {
     @Test func relativeTimeTimerExistsOnlyWhenTheTextViewNeedsIt() {
         var t = ProgramTester(Indicator(format: .text))
-        #expect(t.subscriptionIDs == [net, hup])
+        #expect(t.subscriptionIDs == [net])
         t.event(online(), from: net)
-        #expect(t.subscriptionIDs == [net, since, hup])
+        #expect(t.subscriptionIDs == [net, since])
         var json = ProgramTester(Indicator(format: .json))
         json.event(online(), from: net)
-        #expect(json.subscriptionIDs == [net, hup])
+        #expect(json.subscriptionIDs == [net])
     }
 
     @Test func presentationChangeRetunesNothingAndKeepsConnectivity() {
@@ -31,9 +30,10 @@ func online(_ name: String = "eth0", at: Int64 = 1_000_000) -> ConnectivitySourc
         t.send(.configRead(path: path, contents: ""))
         t.event(online(), from: net)
         t.send(.configRead(path: path, contents: "show_since = no\n"))
-        // The timer goes; the connectivity source is kept (no driver call).
+        // The timer goes; the connectivity source is kept (no driver call),
+        // and the config watch (SIGHUP is the daemon's reload now).
         #expect(t.lastPlan.steps.map(\.description) == ["stop timer:since"])
-        #expect(t.lastPlan.kept == 3)
+        #expect(t.lastPlan.kept == 2)
         // A settle change is a retune in place, not a restart.
         t.send(.configRead(path: path, contents: "show_since = no\nsettle = 2s\n"))
         #expect(t.lastPlan.steps.map(\.description) == ["retune connectivity:net: backend auto -> backend auto settle 2s"])
@@ -267,7 +267,7 @@ extension Indicator.Model {
         t.event(prepare(true), from: sleepSignal)
         #expect(t.model.sleeping)
         #expect(t.commands == [.log("the machine is preparing for sleep: paused")])
-        #expect(t.subscriptionIDs == [sleep, logindName.id, hup])
+        #expect(t.subscriptionIDs == [sleep, logindName.id])
         #expect(t.lastPlan.steps.map(\.description).contains("stop connectivity:net"))
         // A report the source queued before it stopped is about the machine
         // before the sleep: rejected.
@@ -287,7 +287,7 @@ extension Indicator.Model {
         t.event(prepare(false), from: sleepSignal)
         #expect(!t.model.sleeping && t.model.wakes == 1)
         #expect(t.commands == [.log("the machine resumed: reading the current state")])
-        #expect(t.subscriptionIDs == [net, sleep, hup])
+        #expect(t.subscriptionIDs == [net, sleep])
         #expect(t.lastPlan.steps.map(\.description).contains { $0.hasPrefix("start connectivity:net") })
         // Nothing until the restarted source reports.
         #expect(output.next(t.model, now: 0) == nil)
@@ -316,7 +316,7 @@ extension Indicator.Model {
         t.event(.vanished, from: logindName)
         #expect(!t.model.sleeping)
         #expect(t.commands == [.log("logind left the bus while the machine was preparing for sleep: resuming")])
-        #expect(t.subscriptionIDs == [net, sleep, hup])
+        #expect(t.subscriptionIDs == [net, sleep])
     }
 
     @Test func noSystemBusOrAMalformedSignalIsQuietAndChangesNothingElse() {

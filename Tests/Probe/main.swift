@@ -197,12 +197,18 @@ case "stress-churn" where args.count > 2:
     exit(stressChurn(seconds: Int(args[2]) ?? 60))
 case "forge" where args.count > 2:
     exit(forgeNetlink(to: UInt32(args[2]) ?? 0))
+case "lifecycle":
+    exit(runLifecycleProbe(args.dropFirst(2)))
+case "fdstore" where args.count > 4:
+    exit(runFDStoreProbe(name: args[2], path: args[3], serve: args[4] == "serve"))
+case "credential" where args.count > 2:
+    exit(runCredentialProbe(name: args[2]))
 case "loop-fd-limit":
     // Out of descriptors when the loop's executor needs its eventfd: a
     // thrown SystemdError (no trap), for an owned and a borrowed loop.
     exit(loopAtDescriptorLimit())
 default:
-    say("usage: reconcile-probe daemon | stop-at-start | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT | maintask [nodrain] | tasks N STUBBORN GRACE_MS|max [SPINNING] | stress-send THREADS MESSAGES CAPACITY | stress-churn SECONDS | loop-fd-limit")
+    say("usage: reconcile-probe daemon | stop-at-start | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT | maintask [nodrain] | tasks N STUBBORN GRACE_MS|max [SPINNING] | stress-send THREADS MESSAGES CAPACITY | stress-churn SECONDS | loop-fd-limit | lifecycle quick|slow MS|fail|long [--reload-ms MS] [--extend-ms MS] [--grace MS] | fdstore NAME PATH exit|serve | credential NAME")
     exit(2)
 }
 

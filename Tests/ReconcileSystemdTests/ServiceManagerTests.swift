@@ -27,7 +27,8 @@ extension SystemdTests {
             #expect(child.line() == "stopping")
             #expect(child.line()?.hasPrefix("exit 3 ") == true)
             #expect(child.wait() == 3)
-            #expect(drain(notify) == ["STOPPING=1"])
+            // The barrier before exit (sd_notify_barrier) comes last.
+            #expect(drain(notify) == ["STOPPING=1", "BARRIER=1"])
         }
 
         @Test func watchdogIntervalBelowTheMinimumIsClamped() throws {

@@ -118,8 +118,10 @@ final class Child {
     let process = Process()
     private let output = LineReader()
     private let errors = LineReader()
+    /// The child's standard input, when asked for (`input: true`).
+    private var input: Pipe?
 
-    init(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws {
+    init(_ executable: String, _ arguments: [String], environment: [String: String] = [:], input: Bool = false) throws {
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
         var env = ProcessInfo.processInfo.environment
@@ -130,7 +132,19 @@ final class Child {
         process.environment = env
         process.standardOutput = output.pipe
         process.standardError = errors.pipe
+        if input {
+            let pipe = Pipe()
+            process.standardInput = pipe
+            self.input = pipe
+        }
         try process.run()
+    }
+
+    /// Writes `line` and a newline to the child's standard input (`input: true`).
+    func send(_ line: String) {
+        guard let fd = input?.fileHandleForWriting.fileDescriptor else { return }
+        var bytes = Array((line + "\n").utf8)
+        _ = write(fd, &bytes, bytes.count)
     }
 
     var pid: Int32 { process.processIdentifier }

@@ -13,7 +13,7 @@ extension Daemon {
     public var executor: LoopExecutor { loop.executor }
 
     /// Starts a graceful stop (after `stop` delivered the shutdown message):
-    /// every task cancelled.
+    /// every task cancelled; `EXTEND_TIMEOUT_USEC` during the grace.
     /// Returns true when tasks still run: the loop keeps running (sources,
     /// messages, the cancelled tasks' results) until they end or
     /// `Options.shutdownGrace` passes; then shutdown finishes.
@@ -45,6 +45,11 @@ extension Daemon {
             return false
         }
         graceSources.append(EventSource(timer!))
+        // The manager's TimeoutStopSec= does not strike during the grace.
+        lifecycle.stopHolding()
+        if options.notify {
+            lifecycle.extender = TimeoutExtender(loop: loop, interval: options.timeoutExtensionInterval, until: due, logger: logger)
+        }
         runtime.whenTasksEnded { [unowned self] in
             // Finish from a fresh dispatch, not from inside the runtime's pump.
             var deferred: OpaquePointer?

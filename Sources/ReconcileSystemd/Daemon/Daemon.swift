@@ -11,7 +11,15 @@ import Reconcile
 ///   (a start command may stop the daemon); `STATUS=` whenever the
 ///   program's `status(_:)` changes; the watchdog is pinged from the loop
 ///   every half `WATCHDOG_USEC` when it is set (at least every 10 ms, see
-///   `ServiceManager.minimumWatchdogInterval`).
+///   `ServiceManager.minimumWatchdogInterval`). `READY=1` waits for the
+///   start's tasks marked with `readyWaits(for:)`, with `EXTEND_TIMEOUT_USEC`
+///   sent meanwhile.
+/// - With `Options.reloadMessage`, SIGHUP reloads: `RELOADING=1` with
+///   `MONOTONIC_USEC`, the message delivered, `READY=1` once the reload's
+///   commands ran and its marked tasks ended (Docs/Embedding.md).
+/// - `fail(_:errno:busError:exitCode:)` sends `STATUS=` and `ERRNO=` before
+///   the stop; exit waits (bounded) for the manager to have read the last
+///   message (`sd_notify_barrier`).
 /// - Each reconcile that changed something is logged at debug (counts by
 ///   outcome, then its steps); every source failure at warning with its
 ///   reason.
@@ -44,6 +52,26 @@ public final class Daemon<P: Program> {
         /// Whether the loop drains the main actor's queue when it runs on the
         /// main thread (`@MainActor` code and `Task {}` in `main.swift` run).
         public var drainsMainQueue = true
+        /// Delivered to `update` on a reload signal, after `RELOADING=1`; nil:
+        /// no reload (the program may subscribe to SIGHUP itself).
+        public var reloadMessage: P.Message?
+        /// What else `READY=1` after a reload waits for, besides the tasks
+        /// marked with `readyWaits(for:)`: checked after each dispatch until
+        /// it is true for the model. nil: nothing else.
+        public var reloadDone: ((P.Model) -> Bool)?
+        /// Signals that reload when `reloadMessage` is set (the program cannot
+        /// subscribe to these then).
+        public var reloadSignals: [SignalSource.Signal] = [.hangup]
+        /// How often `EXTEND_TIMEOUT_USEC` is sent while a start or a reload
+        /// waits for its tasks, or shutdown waits in its grace; each message
+        /// asks for three intervals more.
+        public var timeoutExtensionInterval: Duration = .seconds(1)
+        /// How long a start or a reload is extended at most: after this the
+        /// extensions stop, and the manager's own timeout applies again.
+        public var maximumStartExtension: Duration = .seconds(600)
+        /// How long exit waits for the manager to have read the last
+        /// notification (`sd_notify_barrier`); nil: exit at once.
+        public var notifyBarrierTimeout: Duration? = .seconds(1)
 
         /// The defaults: SIGTERM and SIGINT shut down, notify and watchdog on, logging from `.info`.
         public init() {}
@@ -65,7 +93,7 @@ public final class Daemon<P: Program> {
     /// The transcript recorder when `Options.recordPath` is set.
     public private(set) var recorder: TranscriptRecorder<P>?
 
-    private var state = State.idle
+    var state = State.idle
     private var shutdownSources: [EventSource] = []
     private var signalHook: SignalHook?
     private var watchdog: WatchdogPinger?
@@ -82,6 +110,10 @@ public final class Daemon<P: Program> {
     var graceHook: SignalHook?
     /// How the tasks in flight at shutdown ended (after `run()` returned).
     public internal(set) var taskReport = TaskShutdownCounts()
+    /// Readiness, reload and timeout extensions (Daemon+Readiness.swift).
+    let lifecycle = Lifecycle()
+    /// The shutdown's reason, once it happened.
+    public internal(set) var shutdownReason: String?
 
     /// A daemon running `program`; `perform` interprets its commands.
     /// - Throws: `SystemdError` if the loop cannot be created.
@@ -117,28 +149,67 @@ public final class Daemon<P: Program> {
     /// - Throws: `LoopError.alreadyRunning` / `.shutDown` on misuse;
     ///   `DaemonError` when shutdown signals cannot be set up.
     public func run() throws -> Int32 {
+        try runOnThisThread()
+    }
+
+    /// `run()`, whichever overload the caller's context picks.
+    func runOnThisThread() throws -> Int32 {
         switch state {
         case .running: throw LoopError.alreadyRunning
         case .stopped: throw LoopError.shutDown
         case .idle: break
         }
-        try installShutdownSignals()
-        try installRecorderFlush()
-        if options.drainsMainQueue { mainQueue = try MainQueueDrain(loop: loop) }
+        do {
+            try installShutdownSignals()
+            try installReloadSignals()
+            try installRecorderFlush()
+            if options.drainsMainQueue { mainQueue = try MainQueueDrain(loop: loop) }
+        } catch {
+            // The manager hears why before the process exits.
+            notifyStartFailure(error)
+            throw error
+        }
         state = .running
-        try runtime.start()
+        do {
+            try runtime.start()
+        } catch {
+            notifyStartFailure(error)
+            shutdown(reason: "start failed")
+            finishNotifications()
+            throw error
+        }
         // A start command may have stopped the daemon (at once, or by a
         // graceful stop still waiting for tasks): STOPPING=1 is sent, READY=1
         // must not follow it.
-        guard state == .running else { return exitCode }
+        guard state == .running else {
+            finishNotifications()
+            return exitCode
+        }
         if stopRequested { return try runUntilStopped() }
-        // READY after the first reconcile, with the status at that moment;
-        // STATUS updates only after READY.
+        try startWatchdog()
+        // READY after the first reconcile, with the status at that moment,
+        // unless the start's marked tasks still run (then from the loop once
+        // they ended, with EXTEND_TIMEOUT_USEC meanwhile).
+        lifecycle.startCommandsDone = true
+        if !lifecycle.holding(tasks.inFlight) {
+            sendReady()
+        } else {
+            beginHolding()
+        }
+        return try runUntilStopped()
+    }
+
+    /// `READY=1` with the status at this moment; STATUS updates follow.
+    func sendReady() {
         lastStatus = runtime.program.status(runtime.model)
         if options.notify {
             ServiceManager.notify(statusLine(lastStatus).map { "READY=1\nSTATUS=\($0)" } ?? "READY=1")
         }
         ready = true
+        lifecycle.phase = .ready
+    }
+
+    private func startWatchdog() throws {
         if options.watchdog, let interval = ServiceManager.watchdogInterval {
             let period = ServiceManager.watchdogPingPeriod(for: interval)
             watchdog = try WatchdogPinger(loop: loop, period: period)
@@ -148,12 +219,12 @@ public final class Daemon<P: Program> {
                 logger.info("watchdog enabled: \(interval.short), pinging every \(period.short)")
             }
         }
-        return try runUntilStopped()
     }
 
     private func runUntilStopped() throws -> Int32 {
         let code = try loop.run()
         if state == .running { shutdown(reason: "loop ended") }
+        finishNotifications()
         return code == 0 ? exitCode : code
     }
 
@@ -188,7 +259,10 @@ public final class Daemon<P: Program> {
 
     func shutdown(reason: String) {
         state = .stopped
+        shutdownReason = reason
         if options.notify, !stoppingNotified { ServiceManager.notify("STOPPING=1") }
+        stoppingNotified = true
+        lifecycle.close()
         let report = runtime.shutdown()
         recorder?.finish(reason: "shutdown")
         watchdog?.close()
@@ -220,13 +294,7 @@ public final class Daemon<P: Program> {
 
     private func installShutdownSignals() throws {
         guard !options.shutdownSignals.isEmpty else { return }
-        let unblocked = Signals.notBlockedEverywhere(options.shutdownSignals)
-        if !unblocked.isEmpty {
-            // Blocking now covers only this thread (and threads it starts later).
-            let threads = threadCount()
-            guard threads <= 1 else { throw DaemonError.signalsNotBlocked(unblocked, threads: threads) }
-            try Signals.block(unblocked)
-        }
+        try ensureBlocked(options.shutdownSignals)
         let hook = SignalHook { [unowned self] signo in
             logger.notice("received \(SignalSource.Signal(rawValue: signo).map(\.description) ?? "signal \(signo)"): shutting down")
             stop(exitCode: 0)
@@ -240,6 +308,18 @@ public final class Daemon<P: Program> {
                 return 0
             }, Unmanaged.passUnretained(hook).toOpaque()))
             shutdownSources.append(EventSource(s!))
+        }
+    }
+
+    /// Blocks `signals` here when this is the only thread; throws when
+    /// another thread could take one of them instead of the loop.
+    func ensureBlocked(_ signals: [SignalSource.Signal]) throws {
+        let unblocked = Signals.notBlockedEverywhere(signals)
+        if !unblocked.isEmpty {
+            // Blocking now covers only this thread (and threads it starts later).
+            let threads = threadCount()
+            guard threads <= 1 else { throw DaemonError.signalsNotBlocked(unblocked, threads: threads) }
+            try Signals.block(unblocked)
         }
     }
 
@@ -263,7 +343,8 @@ public final class Daemon<P: Program> {
         }
         runtime.didCommit = { [unowned self] model in
             didCommit?(model)
-            guard options.notify, ready, state == .running else { return }
+            // After a failure or a stop began, the STATUS= sent last stays.
+            guard options.notify, ready, state == .running, !stopRequested else { return }
             let status = runtime.program.status(model)
             if status != lastStatus {
                 lastStatus = status
@@ -273,7 +354,7 @@ public final class Daemon<P: Program> {
     }
 
     private func statusLine(_ status: String?) -> String? {
-        status.map { String($0.map { $0 == "\n" ? " " : $0 }) }
+        status.map(ServiceManager.oneLine)
     }
 }
 
@@ -282,12 +363,26 @@ public enum DaemonError: Error, CustomStringConvertible {
     /// Shutdown signals are not blocked and other threads already run, so
     /// blocking them now would not cover those threads.
     case signalsNotBlocked([SignalSource.Signal], threads: Int)
+    /// `run() async` was called off the thread that created the daemon (its
+    /// loop's): the daemon cannot move (its closures may be isolated there).
+    case notOnLoopThread
+    /// A signal the loop must read already has a handler of someone else's,
+    /// so it cannot be forwarded to the loop's thread.
+    case signalHandled(SignalSource.Signal)
+    /// `DaemonService.run()` was called a second time.
+    case serviceAlreadyRan
 
     /// One sentence saying what to do.
     public var description: String {
         switch self {
         case .signalsNotBlocked(let s, let n):
             "\(s.map(\.description).joined(separator: ", ")) not blocked and \(n) threads already run: call Signals.block() first thing in main, before any thread starts"
+        case .notOnLoopThread:
+            "run() async was called off the daemon's thread: await it first thing in an async main (before any other await), or build the daemon inside DaemonService"
+        case .signalHandled(let s):
+            "\(s) has a handler installed by someone else and is not blocked in every thread: it cannot reach the loop"
+        case .serviceAlreadyRan:
+            "a DaemonService runs once: make a new one"
         }
     }
 }

@@ -24,7 +24,8 @@ public enum Signals {
 
     /// The signals among `signals` that some thread of this process does not
     /// block (read from `/proc/self/task/*/status`). A signal not blocked
-    /// everywhere may be taken by another thread instead of the loop.
+    /// everywhere may be taken by another thread instead of the loop
+    /// (unless `DaemonService` forwards it to the loop's thread).
     public static func notBlockedEverywhere(_ signals: [SignalSource.Signal]) -> [SignalSource.Signal] {
         var blockedEverywhere = UInt64.max
         guard let dir = opendir("/proc/self/task") else {
@@ -36,7 +37,8 @@ public enum Signals {
             guard tid.first?.isNumber == true, let mask = blockedMask(tid) else { continue }
             blockedEverywhere &= mask
         }
-        return signals.filter { blockedEverywhere & (1 << UInt64($0.rawValue - 1)) == 0 }
+        // A forwarded signal reaches the loop's thread from any thread (Daemon/SignalForwarding.swift).
+        return signals.filter { blockedEverywhere & (1 << UInt64($0.rawValue - 1)) == 0 && !SignalForwarding.isForwarding($0) }
     }
 
     private static func blockedMask(_ tid: String) -> UInt64? {
