@@ -157,13 +157,7 @@ extension Daemon {
         let hook = SignalHook { [unowned self] signo in reload(signal: signo) }
         lifecycle.reloadHook = hook
         for signal in options.reloadSignals where !options.shutdownSignals.contains(signal) {
-            var s: OpaquePointer?
-            try check("sd_event_add_signal \(signal)", sd_event_add_signal(loop.handle, &s, signal.rawValue, { _, info, ud in
-                let hook = Unmanaged<SignalHook>.fromOpaque(ud!).takeUnretainedValue()
-                hook.action(info.map { Int32(bitPattern: $0.pointee.ssi_signo) } ?? 0)
-                return 0
-            }, Unmanaged.passUnretained(hook).toOpaque()))
-            lifecycle.reloadSources.append(EventSource(s!))
+            lifecycle.reloadSources.append(try hook.source(for: signal, on: loop))
         }
     }
 

@@ -301,13 +301,7 @@ public final class Daemon<P: Program> {
         }
         signalHook = hook
         for signal in options.shutdownSignals {
-            var s: OpaquePointer?
-            try check("sd_event_add_signal \(signal)", sd_event_add_signal(loop.handle, &s, signal.rawValue, { _, info, ud in
-                let hook = Unmanaged<SignalHook>.fromOpaque(ud!).takeUnretainedValue()
-                hook.action(info.map { Int32(bitPattern: $0.pointee.ssi_signo) } ?? 0)
-                return 0
-            }, Unmanaged.passUnretained(hook).toOpaque()))
-            shutdownSources.append(EventSource(s!))
+            shutdownSources.append(try hook.source(for: signal, on: loop))
         }
     }
 
@@ -402,6 +396,19 @@ func threadCount() -> Int {
 final class SignalHook {
     let action: (Int32) -> Void
     init(_ action: @escaping (Int32) -> Void) { self.action = action }
+
+    /// An sd-event signal source on `loop` that runs `action` with the
+    /// signal's number (the hook is held unretained: its owner keeps it as
+    /// long as the source).
+    func source(for signal: SignalSource.Signal, on loop: EventLoop) throws(SystemdError) -> EventSource {
+        var s: OpaquePointer?
+        try check("sd_event_add_signal \(signal)", sd_event_add_signal(loop.handle, &s, signal.rawValue, { _, info, ud in
+            let hook = Unmanaged<SignalHook>.fromOpaque(ud!).takeUnretainedValue()
+            hook.action(info.map { Int32(bitPattern: $0.pointee.ssi_signo) } ?? 0)
+            return 0
+        }, Unmanaged.passUnretained(self).toOpaque()))
+        return EventSource(s!)
+    }
 }
 
 extension Daemon where P.Message: Sendable, P.Command: Sendable {
