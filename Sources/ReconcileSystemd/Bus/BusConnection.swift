@@ -255,16 +255,8 @@ final class BusConnection {
             sd_bus_close_unref(bus)
             return
         }
-        let box = Unmanaged.passRetained(RetiredConnection(bus)).toOpaque()
-        var s: OpaquePointer?
-        let r = sd_event_add_defer(loop.handle, &s, { s, _ in
-            sd_event_source_disable_unref(s)   // its destroy callback releases the box
-            return 0
-        }, box)
-        if r >= 0 {
-            sd_event_source_set_destroy_callback(s) { ud in Unmanaged<RetiredConnection>.fromOpaque(ud!).release() }
-        } else {
-            logger.warning("bus: cannot defer closing a connection (errno \(-r)); it stays open")
+        if !loop.releaseOnNextIteration(RetiredConnection(bus)) {
+            logger.warning("bus: cannot defer closing a connection; it stays open")
         }
     }
 

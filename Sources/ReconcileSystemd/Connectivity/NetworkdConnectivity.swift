@@ -55,17 +55,9 @@ private func retire(_ bus: SystemBus, slots: [OpaquePointer], inItsCallback: Boo
     for s in slots { sd_bus_slot_set_userdata(s, nil) }
     let retired = RetiredBus(bus, slots)
     guard inItsCallback else { return }   // released here, when `retired` goes
-    let box = Unmanaged.passRetained(retired).toOpaque()
-    var s: OpaquePointer?
-    let r = sd_event_add_defer(loop.handle, &s, { s, _ in
-        sd_event_source_disable_unref(s)   // its destroy callback releases the box
-        return 0
-    }, box)
-    if r >= 0 {
-        sd_event_source_set_destroy_callback(s) { ud in Unmanaged<RetiredBus>.fromOpaque(ud!).release() }
-    } else {
-        // The loop is finishing: keep the connection rather than free it under sd-bus.
-        logger.warning("connectivity: cannot defer closing a bus connection (errno \(-r)); it stays open")
+    if !loop.releaseOnNextIteration(retired) {
+        // The loop is finishing: the connection is kept rather than freed under sd-bus.
+        logger.warning("connectivity: cannot defer closing a bus connection; it stays open")
     }
 }
 

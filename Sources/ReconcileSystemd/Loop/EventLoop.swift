@@ -81,6 +81,24 @@ public final class EventLoop {
     /// Whether the caller is on the loop's thread.
     public var isOnLoopThread: Bool { CSystemd_thread_id() == thread }
 
+    /// Keeps `object` until the loop's next iteration, then lets it go: for
+    /// something that must not be freed inside one of its own callbacks (an
+    /// sd-bus connection still dispatching). False when the loop cannot take
+    /// the deferred source (it is finishing): `object` is then kept for ever
+    /// rather than freed under its caller; the caller says so.
+    /// The corresponding C function is `sd_event_add_defer`.
+    func releaseOnNextIteration(_ object: AnyObject) -> Bool {
+        let box = Unmanaged<AnyObject>.passRetained(object).toOpaque()
+        var s: OpaquePointer?
+        let r = sd_event_add_defer(handle, &s, { s, _ in
+            sd_event_source_disable_unref(s)   // its destroy callback releases the box
+            return 0
+        }, box)
+        guard r >= 0 else { return false }
+        sd_event_source_set_destroy_callback(s) { ud in Unmanaged<AnyObject>.fromOpaque(ud!).release() }
+        return true
+    }
+
     /// The loop's current time on `clock` (the time of the current iteration).
     /// The corresponding C function is `sd_event_now`.
     public func now(_ clock: clockid_t = CLOCK_MONOTONIC) -> UInt64 {
