@@ -1,3 +1,4 @@
+import CSystemd
 import Foundation
 import Reconcile
 @testable import ReconcileSystemd
