@@ -175,7 +175,9 @@ extension SystemdTests {
             while !flag.value.withLock({ $0 }), ContinuousClock.now < deadline { usleep(1000) }
             #expect(flag.value.withLock { $0 })
             while threadCount() > threads, ContinuousClock.now < deadline { usleep(1000) }
-            #expect(threadCount() == threads)
+            // No thread left behind (another test's thread may end meanwhile:
+            // under ASan the count once went from 7 to 6).
+            #expect(threadCount() <= threads)
             #expect(openDescriptors().subtracting(fds).isEmpty)
         }
 
