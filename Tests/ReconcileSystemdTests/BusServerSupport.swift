@@ -3,56 +3,6 @@ import Reconcile
 import ReconcileSystemd
 import Testing
 
-/// A private dbus-daemon any user may connect to (the socket's directory is
-/// world-readable, the policy allows every user), with limits high enough
-/// for a thousand callers. Killed by its PID.
-final class OpenPrivateBus {
-    let directory: String
-    private(set) var pid: pid_t = 0
-    var address: String { "unix:path=\(directory)/bus" }
-    var busAddress: BusAddress { .address(address) }
-
-    init() throws {
-        directory = try makeTemporaryDirectory()
-        chmod(directory, 0o755)
-        try writeFile(directory + "/bus.conf", """
-            <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
-             "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-            <busconfig>
-              <type>session</type>
-              <listen>unix:path=\(directory)/bus</listen>
-              <auth>EXTERNAL</auth>
-              <limit name="max_replies_per_connection">50000</limit>
-              <limit name="max_connections_per_user">100000</limit>
-              <limit name="max_completed_connections">100000</limit>
-              <limit name="max_incomplete_connections">10000</limit>
-              <policy context="default">
-                <allow user="*"/>
-                <allow send_destination="*" eavesdrop="true"/>
-                <allow eavesdrop="true"/>
-                <allow own="*"/>
-              </policy>
-            </busconfig>
-            """)
-        guard sh("dbus-daemon --config-file=\(directory)/bus.conf --fork --nopidfile --print-pid=3 3>\(directory)/pid </dev/null >/dev/null 2>&1"),
-              let text = try? String(contentsOfFile: directory + "/pid", encoding: .utf8),
-              let pid = pid_t(text.trimmingCharacters(in: .whitespacesAndNewlines)) else {
-            throw POSIXError(.ENOENT)
-        }
-        self.pid = pid
-        // The socket is made by the daemon as root: let everyone connect.
-        chmod(directory + "/bus", 0o777)
-    }
-
-    deinit {
-        if pid > 0 {
-            Glibc.kill(pid, SIGKILL)
-            waitGone(pid)
-        }
-        removeTree(directory)
-    }
-}
-
 /// A client process started in the background (`/bin/sh -c`), its output in
 /// a file; the test runs the loop until it ends. Killed by its PID.
 final class Spawned {

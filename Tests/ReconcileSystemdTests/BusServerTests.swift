@@ -6,12 +6,12 @@ import Testing
 private let path = Served.path
 private let iface = Served.iface
 
-private func client(_ mode: String, _ bus: OpenPrivateBus, _ args: String = "") -> String {
+private func client(_ mode: String, _ bus: PrivateBus, _ args: String = "") -> String {
     "/usr/bin/python3 \(repositoryScript("bus-client.py")) \(mode) \(bus.address) \(Served.name) \(path) \(args)"
 }
 
 /// The unique names on the bus (`ListNames`, asked with busctl).
-private func names(_ h: Harness<Served>, _ bus: OpenPrivateBus) throws -> String {
+private func names(_ h: Harness<Served>, _ bus: PrivateBus) throws -> String {
     try h.client("busctl --address=\(bus.address) call org.freedesktop.DBus /org/freedesktop/DBus org.freedesktop.DBus ListNames")
 }
 
@@ -21,7 +21,7 @@ extension SystemdTests {
     /// dbus-monitor and python3-dbus.
     @Suite struct BusServer {
         @Test func clientsNoOneHereWroteSeeTheDeclaredMembersTheModelsValuesAndUpdatesReplies() throws {
-            let bus = try OpenPrivateBus()
+            let bus = try PrivateBus(openToEveryUser: true)
             let h = try Harness.served(bus.busAddress)
             try h.run(until: { h.runtime.model.nameEvents == [.acquired] })
 
@@ -100,7 +100,7 @@ extension SystemdTests {
         }
 
         @Test func dbusMonitorSeesOnePropertiesChangedPerChangedInterfaceOfABatchAndNoneForUnchangedCommits() throws {
-            let bus = try OpenPrivateBus()
+            let bus = try PrivateBus(openToEveryUser: true)
             let h = try Harness.served(bus.busAddress)
             try h.run(until: { h.runtime.model.nameEvents == [.acquired] })
             let monitor = try Spawned("dbus-monitor --address \(bus.address) \"type='signal',member='PropertiesChanged'\" \"type='signal',member='Marker'\"")
@@ -146,7 +146,7 @@ extension SystemdTests {
         }
 
         @Test func theOwnedNameIsLostToAReplacingProcessAndReleasedWhenTheSubscriptionGoesAndAtShutdown() throws {
-            let bus = try OpenPrivateBus()
+            let bus = try PrivateBus(openToEveryUser: true)
             let h = try Harness.served(bus.busAddress)
             try h.run(until: { h.runtime.model.nameEvents == [.acquired] })
             #expect(try names(h, bus).contains(Served.name))
@@ -174,7 +174,7 @@ extension SystemdTests {
         }
 
         @Test func wrongArgumentTypesAreInvalidArgsBeforeUpdateAndAHungUpCallerAndAThousandCallersCostNothing() throws {
-            let bus = try OpenPrivateBus()
+            let bus = try PrivateBus(openToEveryUser: true)
             let h = try Harness.served(bus.busAddress)
             try h.run(until: { h.runtime.model.nameEvents == [.acquired] })
             let descriptors = openDescriptors().count
@@ -224,7 +224,7 @@ extension SystemdTests {
         }
 
         @Test func aPrivilegedMethodCalledAsNobodyIsAccessDeniedBeforeUpdateAndRootSucceeds() throws {
-            let bus = try OpenPrivateBus()
+            let bus = try PrivateBus(openToEveryUser: true)
             let h = try Harness.served(bus.busAddress)
             try h.run(until: { h.runtime.model.nameEvents == [.acquired] })
             let nobody = "setpriv --reuid nobody --regid nogroup --clear-groups"
@@ -252,7 +252,7 @@ extension SystemdTests {
 
 extension SystemdTests.BusServer {
     @Test func aQueuedRequestIsLostQueuedThenAcquiredAndATakenNameWithoutQueueIsAFailure() throws {
-        let bus = try OpenPrivateBus()
+        let bus = try PrivateBus(openToEveryUser: true)
         let other = try Spawned("/usr/bin/python3 \(repositoryScript("bus-client.py")) own \(bus.address) \(Served.name) 30")
         defer { other.kill() }
         let deadline = ContinuousClock.now + .seconds(10)
@@ -272,7 +272,7 @@ extension SystemdTests.BusServer {
     }
 
     @Test func anObjectUnexportedFromInsideItsOwnCallAnswersAndABadReplyIsAnErrorNotALie() throws {
-        let bus = try OpenPrivateBus()
+        let bus = try PrivateBus(openToEveryUser: true)
         let h = try Harness.served(bus.busAddress)
         try h.run(until: { h.runtime.model.nameEvents == [.acquired] })
         var out = try h.client(client("call", bus, "\(iface) BadReply '' '[]'"))
@@ -288,7 +288,7 @@ extension SystemdTests.BusServer {
     }
 
     @Test func callsUnansweredAtShutdownGetAnErrorReply() throws {
-        let bus = try OpenPrivateBus()
+        let bus = try PrivateBus(openToEveryUser: true)
         let h = try Harness.served(bus.busAddress)
         try h.run(until: { h.runtime.model.nameEvents == [.acquired] })
         let never = try Spawned(client("call", bus, "\(iface) Never '' '[]'"))

@@ -13,7 +13,7 @@ extension SystemdTests {
         struct Line: Decodable, Equatable { let state: String; let online: Bool }
 
         @Test func aVethChangeReachesAGdbusMonitorWithin100msOfTheIndicatorsOwnReportAndSIGTERMReleasesTheName() throws {
-            let bus = try OpenPrivateBus()
+            let bus = try PrivateBus(openToEveryUser: true)
             let child = try Child("/usr/bin/unshare", ["-n", indicator, "--format", "json", "--backend", "kernel", "--include", "veth0",
                                                        "--bus", bus.address])
             defer { child.signal(SIGKILL); _ = child.wait() }

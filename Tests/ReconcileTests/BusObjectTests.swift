@@ -143,3 +143,31 @@ private let root = BusCredentials(uniqueName: ":1.8", uid: 0, pid: 8)
 extension Result where Failure == BusError {
     var errorName: String? { if case .failure(let e) = self { e.name } else { nil } }
 }
+
+/// The specification's name rules (BusNames.swift), shared by the object
+/// declaration and the owned-name source.
+@Suite struct BusNameRules {
+    @Test func interfaceNamesAreTwoOrMoreElementsWithNoLeadingDigitOrHyphen() {
+        #expect(isValidInterfaceName("org.example.Thing1"))
+        #expect(isValidInterfaceName("a._b"))
+        for bad in ["org", "org.", ".org", "org..x", "org.1x", "org.ex-ample", "org.é", String(repeating: "a.", count: 128) + "a"] {
+            #expect(!isValidInterfaceName(bad), "\(bad)")
+        }
+    }
+
+    @Test func wellKnownBusNamesAlsoAllowHyphensButNoUniqueNames() {
+        #expect(isValidWellKnownBusName("org.ex-ample.Thing"))
+        #expect(isValidWellKnownBusName("org.example.Thing1"))
+        for bad in [":1.42", "org", "org.1x", "org..x", "org.ex ample"] {
+            #expect(!isValidWellKnownBusName(bad), "\(bad)")
+        }
+    }
+
+    @Test func memberNamesAreOneElementOfAtMost255Bytes() {
+        #expect(isValidMemberName("Echo_2"))
+        #expect(isValidMemberName(String(repeating: "a", count: 255)))
+        for bad in ["", "2x", "a.b", "a-b", String(repeating: "a", count: 256)] {
+            #expect(!isValidMemberName(bad), "\(bad)")
+        }
+    }
+}

@@ -5,7 +5,7 @@ import Reconcile
 extension BusOwnedNameSource: SystemdSource {
     /// Requests the name on the driver's shared connection to its bus.
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
-        guard isValidBusName(configuration.name) else {
+        guard isValidWellKnownBusName(configuration.name) else {
             throw SourceFailure(operation: "RequestName \(configuration.name)", reason: "'\(configuration.name)' is not a valid well-known bus name")
         }
         return BusOwnedNameRunner(ticket: ticket, configuration: configuration, connection: context.driver.buses.connection(configuration.bus))
@@ -16,16 +16,6 @@ extension BusPeersSource: SystemdSource {
     /// Follows the peers on the driver's shared connection to its bus.
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
         BusPeersRunner(ticket: ticket, configuration: configuration, connection: context.driver.buses.connection(configuration.bus))
-    }
-}
-
-/// A well-known name: not a unique name, two or more elements.
-private func isValidBusName(_ name: String) -> Bool {
-    guard !name.hasPrefix(":"), name.utf8.count <= 255 else { return false }
-    let parts = name.split(separator: ".", omittingEmptySubsequences: false)
-    return parts.count >= 2 && parts.allSatisfy { p in
-        guard let f = p.first, !f.isNumber else { return false }
-        return p.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "_" || $0 == "-") }
     }
 }
 

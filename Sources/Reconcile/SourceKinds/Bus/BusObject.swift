@@ -421,27 +421,3 @@ extension BusObject {
         return x + "</node>\n"
     }
 }
-
-/// Whether `name` is a valid interface (or bus) name: two or more elements
-/// of `[A-Za-z0-9_]`, not starting with a digit, at most 255 bytes.
-func isValidInterfaceName(_ name: String) -> Bool {
-    let parts = name.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
-    guard name.utf8.count <= 255, parts.count >= 2 else { return false }
-    return parts.allSatisfy { p in
-        guard let first = p.first, !(UInt8(ascii: "0")...UInt8(ascii: "9")).contains(first) else { return false }
-        return p.allSatisfy(isNameByte)
-    }
-}
-
-/// Whether `name` is a valid member (or argument) name: `[A-Za-z0-9_]`, not
-/// starting with a digit, 1...255 bytes.
-func isValidMemberName(_ name: String) -> Bool {
-    let u = name.utf8
-    guard let first = u.first, u.count <= 255, !(UInt8(ascii: "0")...UInt8(ascii: "9")).contains(first) else { return false }
-    return u.allSatisfy(isNameByte)
-}
-
-private func isNameByte(_ c: UInt8) -> Bool {
-    (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(c) || (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(c)
-        || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(c) || c == UInt8(ascii: "_")
-}

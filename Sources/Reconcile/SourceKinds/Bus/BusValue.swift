@@ -134,7 +134,7 @@ public struct BusObjectPath: Hashable, Sendable, Comparable, CustomStringConvert
                 if previousSlash { return false }
                 previousSlash = true
             } else {
-                guard isNameByte(b) else { return false }
+                guard isBusNameByte(b) else { return false }
                 previousSlash = false
             }
         }
@@ -147,9 +147,6 @@ public struct BusObjectPath: Hashable, Sendable, Comparable, CustomStringConvert
     public var description: String { text }
 }
 
-private func isNameByte(_ b: UInt8) -> Bool {
-    (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A) || b == 0x5F
-}
 
 /// A unix file descriptor received in (or to be sent with) a D-Bus message:
 /// an opaque handle that owns its descriptor.
