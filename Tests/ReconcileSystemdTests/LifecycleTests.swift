@@ -477,7 +477,7 @@ extension SystemdTests {
 
         @Test(.enabled(if: getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/lib/systemd/systemd"),
                        "needs root and systemd to run systemd as PID 1 of a namespace"))
-        func reloadWaitsForReadyStopIsExtendedAndTheFdStoreSurvivesRestart() throws {
+        func reloadWaitsForReadyStopIsExtendedAndTheFdStoreSurvivesRestartUnlessRemoved() throws {
             let child = try Child("/bin/sh", [Self.script, builtExecutable("reconcile-probe")])
             var lines: [String] = []
             while let l = child.line(timeout: .seconds(60)) { lines.append(l) }
@@ -519,7 +519,13 @@ extension SystemdTests {
             #expect(sockets.first?.contains("passed=false stored=true") == true)
             #expect(sockets.last?.contains("passed=true stored=false") == true)
             #expect(inodes.count == 2 && inodes[0] == inodes[1])
+            // FDSTOREREMOVE=1: `web` came back once (then removed), `keep` twice.
+            let passed = lines.filter { $0.hasPrefix("cycle pid ") && $0.contains(" passed=") }.compactMap { $0.split(separator: " ").last }
+            #expect(passed == ["passed=[]", "passed=[keep,web]", "passed=[keep]"], "\(lines.filter { $0.hasPrefix("cycle ") })")
+            #expect(lines.filter { $0.hasPrefix("cycle pid ") && $0.hasSuffix(" removed web") }.count == 1)
+            #expect(value("fdcycle_after") == ["active", "running"])
             #expect(value("cgroups_left") == ["0"])
+            print("systemd 252: fd store after FDSTOREREMOVE=1 web and two restarts: \(passed.joined(separator: " "))")
             print("systemd 252: systemctl reload \(reloadMs) ms with ExecReload=kill, \(waitMs) ms with kill && sleep 0.2, \(plainMs) ms without RELOADING=1 (reloading until READY=1 each time), stop \(stopMs) ms with TimeoutStopSec=1s, fd store inode \(inodes.first ?? "?") kept across restart")
         }
     }
