@@ -216,9 +216,10 @@ extension SystemdTests {
             let extensions = seen.dropLast()
             #expect(extensions.allSatisfy { $0.message == "EXTEND_TIMEOUT_USEC=300000" })
             let first = try #require(extensions.first), last = try #require(extensions.last)
-            // At 0, 100, 200, 300 ms; the timer at 400 ms is past the maximum.
-            #expect(extensions.count == 4, "\(extensions.map { ($0.t - first.t) / 1000 })")
-            #expect(last.t - first.t < 400_000)
+            // At 0, 100, 200, 300 ms; the timer at 400 ms is past the maximum
+            // (3 when a late timer already lands past 350 ms, as under a sanitizer).
+            #expect((3...4).contains(extensions.count), "\(extensions.map { ($0.t - first.t) / 1000 })")
+            #expect(last.t - first.t < 450_000)
             // READY=1 still waited for the start's task, with no extension after the cutoff.
             #expect(ready.t - first.t >= 1_150_000)
             #expect(child.line(matching: { $0.hasPrefix("log: the start has been extended") })?
@@ -246,7 +247,7 @@ extension SystemdTests {
             #expect(messages.filter { $0 == failure }.count == 1)
             // Counted from run(): the start's first extension is at its beginning.
             let elapsed = seen[failed].t - seen[0].t
-            #expect(elapsed >= 290_000 && elapsed < 1_000_000)
+            #expect(elapsed >= 250_000 && elapsed < 1_500_000)
             #expect(messages.last == "BARRIER=1")
             print("start timeout 300 ms: failed \(elapsed / 1000) ms after the first extension; \(messages)")
             #expect(child.line(matching: { $0.hasPrefix("exit") })?.hasPrefix("exit 1 ") == true)
