@@ -9,7 +9,10 @@
 #   - `systemctl restart`: the listening socket kept in the fd store comes
 #     back to the next instance (same inode);
 #   - `systemctl stop` with a 2 s shutdown against TimeoutStopSec=1s while
-#     the daemon sends EXTEND_TIMEOUT_USEC: how long it took and Result=.
+#     the daemon sends EXTEND_TIMEOUT_USEC: how long it took and Result=;
+#   - the fd store's FDSTOREREMOVE=1: a daemon stores `web` and `keep`, is
+#     restarted, removes `web`, is restarted again: which names came back
+#     each time (`cycle ` lines).
 # Prints the results as `key value` lines on stdout; `skip: <reason>` when
 # the machine refuses (not root, no unshare, no systemd). Removes the
 # cgroups systemd made in the host's hierarchies (there is no cgroup
@@ -70,6 +73,19 @@ ExecReload=/bin/kill -HUP \$MAINPID
 StandardOutput=append:$work/out/plain.log
 EOF
 
+# Stores web and keep; after a restart removes web (FDSTOREREMOVE=1).
+cat > "$work/units/fdcycle.service" <<EOF
+[Unit]
+DefaultDependencies=no
+
+[Service]
+Type=notify
+ExecStart=$probe fdstore-cycle $work/out/cycle
+FileDescriptorStoreMax=4
+StandardOutput=append:$work/out/fdcycle.log
+StandardError=append:$work/out/fdcycle.log
+EOF
+
 cat > "$work/units/driver.service" <<EOF
 [Unit]
 DefaultDependencies=no
@@ -118,6 +134,11 @@ systemctl reload plain.service
 echo "plain_reload_end $(now) rc=$?" >> $r
 echo "plain_after_reload $(systemctl show -p ActiveState -p SubState --value plain.service | tr '\n' ' ')" >> $r
 systemctl stop plain.service
+systemctl start fdcycle.service
+systemctl restart fdcycle.service
+systemctl restart fdcycle.service
+echo "fdcycle_after $(systemctl show -p ActiveState -p SubState --value fdcycle.service | tr '\n' ' ')" >> $r
+systemctl stop fdcycle.service
 echo "done" >> $r
 systemctl --no-block exit 0 2>/dev/null || systemctl --no-block poweroff -f
 EOF
@@ -161,6 +182,7 @@ if [ ! -s "$work/out/results" ]; then
 else
     cat "$work/out/results"
     sed 's/^/log /' "$work/out/life.log" 2>/dev/null || true
+    sed 's/^/cycle /' "$work/out/fdcycle.log" 2>/dev/null || true
 fi
 echo "cgroups_left $left"
 rm -rf "$work"

@@ -1,24 +1,50 @@
 // Thin shims for what Swift cannot call directly (macros, flexible array
 // members). Everything else is called as declared by libsystemd's headers.
+//
+// libc belongs to Glibc, not to this module. Swift's Glibc is the clang
+// module SwiftGlibc, one umbrella header that includes <sys/socket.h>,
+// <net/if.h>, <signal.h> ... textually. A libc header this module included
+// itself became this module's too, and which of the two modules then owned
+// SOCK_STREAM in a Swift file depended on which was loaded first (an
+// incremental build could not find it; a clean one could), while
+// <linux/if.h> read without <net/if.h> first gave IFF_UP another type than
+// Glibc's. So SwiftGlibc is imported first: every libc header it covers is
+// then already included (its guard macros are visible) and stays Glibc's,
+// also when libsystemd's own headers include it. What Glibc lacks (the
+// Linux uapi headers, eventfd, signalfd, syscall numbers) is this module's
+// alone.
 #ifndef RECONCILE_CSYSTEMD_SHIM_H
 #define RECONCILE_CSYSTEMD_SHIM_H
+
+#if __has_feature(modules)
+#pragma clang module import SwiftGlibc
+#endif
 
 #include <systemd/sd-event.h>
 #include <systemd/sd-daemon.h>
 #include <systemd/sd-journal.h>
 #include <systemd/sd-bus.h>
-#include <sys/inotify.h>
+// Not in Glibc: this module's.
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <signal.h>
-#include <pthread.h>
+#include <sys/syscall.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 #include <linux/if.h>
 #include <linux/if_addr.h>
+// In Glibc (already included above): for the shims below when read without modules.
+#include <sys/inotify.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <signal.h>
+#include <pthread.h>
 #include <errno.h>
+#include <unistd.h>
+#include <spawn.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 
 /// The entry's name, or NULL when the event is about the watched inode itself.
 static inline const char *CSystemd_inotify_event_name(const struct inotify_event *e) {
@@ -73,8 +99,6 @@ static inline int CSystemd_bus_message_read_3strings(sd_bus_message *m, const ch
 }
 
 // --- Effects: the main queue on the loop (Docs/Effects.md) ---
-#include <unistd.h>
-#include <sys/syscall.h>
 
 /// Whether the calling thread is the process's main thread.
 static inline int CSystemd_is_main_thread(void) {
@@ -90,12 +114,6 @@ void _dispatch_main_queue_callback_4CF(void *msg);
 
 
 // --- Descriptors, sockets and child processes (Docs/IO.md) ---
-#include <spawn.h>
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
-
 extern char **environ;
 
 /// Spawns `file` (searched in PATH when it has no slash) with `argv` and

@@ -6,6 +6,8 @@
 //   late        the same after another await: DaemonError.notOnLoopThread
 //   service     DaemonService in a task; stdin "cancel" cancels the task,
 //               "trigger" calls triggerGracefulShutdown(); SIGTERM works too
+//   early       DaemonService made first thing, "created" said at once (a
+//               test sends SIGTERM then, before the service runs), run, exit
 import Glibc
 import Reconcile
 import ReconcileSystemd
@@ -17,10 +19,11 @@ func say(_ line: String) {
 
 /// One task that sleeps until cancelled; its status says when it started.
 struct SleeperProgram: Program {
+    var sleeps = true
     struct Model: Equatable { var ended = 0 }
     enum Message: Sendable { case ended, stopping }
     enum Command { case sleep, say(String) }
-    func start() -> (Model, [Command]) { (Model(), [.sleep]) }
+    func start() -> (Model, [Command]) { (Model(), sleeps ? [.sleep] : []) }
     func update(_ model: inout Model, _ message: Message) -> [Command] {
         switch message {
         case .ended:
@@ -32,11 +35,11 @@ struct SleeperProgram: Program {
     func status(_ model: Model) -> String? { "sleeping" }
 }
 
-func makeDaemon() throws -> Daemon<SleeperProgram> {
+func makeDaemon(sleeps: Bool = true) throws -> Daemon<SleeperProgram> {
     var options = Daemon<SleeperProgram>.Options()
     options.logger = DaemonLogger(level: .info, handler: LogSink { say("log: \($0.message)") })
     options.shutdownMessage = .stopping
-    return try Daemon(SleeperProgram(), options: options) { command, daemon in
+    return try Daemon(SleeperProgram(sleeps: sleeps), options: options) { command, daemon in
         switch command {
         case .say(let line): say(line)
         case .sleep:
@@ -111,8 +114,21 @@ final class LineBox: Sendable {
                 say("error \(error)")
                 exit(3)
             }
+        case "early":
+            // No notify socket, no task: as quick as a daemon can be. The
+            // test's SIGTERM may come before the service's thread exists.
+            let service = DaemonService { try makeDaemon(sleeps: false) }
+            say("created")
+            do {
+                let code = try await service.run()
+                say("exit \(code) \(service.shutdown.map(\.description) ?? "no report")")
+                exit(code)
+            } catch {
+                say("error \(error)")
+                exit(3)
+            }
         default:
-            say("usage: reconcile-async-probe main | late | service")
+            say("usage: reconcile-async-probe main | late | service | early")
             exit(2)
         }
     }

@@ -45,7 +45,8 @@ struct LifecycleProgram: Program {
     }
 }
 
-/// `lifecycle quick|slow MS|fail|long [--reload-ms MS] [--extend-ms MS] [--grace MS]`.
+/// `lifecycle quick|slow MS|fail|long|stubborn MS|unit PATH MS [--reload-ms MS]
+/// [--extend-ms MS] [--grace MS] [--max-extend-ms MS] [--start-timeout-ms MS]`.
 func runLifecycleProbe(_ args: ArraySlice<String>) -> Int32 {
     var args = args
     var begin = LifecycleProgram.Start.quick
@@ -79,6 +80,8 @@ func runLifecycleProbe(_ args: ArraySlice<String>) -> Int32 {
         case "--reload-ms": reloadWork = .milliseconds(value)
         case "--extend-ms": options.timeoutExtensionInterval = .milliseconds(value)
         case "--grace": options.shutdownGrace = .milliseconds(value)
+        case "--max-extend-ms": options.maximumStartExtension = .milliseconds(value)
+        case "--start-timeout-ms": options.startTimeout = .milliseconds(value)
         default: break
         }
     }
@@ -121,9 +124,10 @@ func runLifecycleProbe(_ args: ArraySlice<String>) -> Int32 {
     }
 }
 
-/// `fdstore NAME PATH exit|serve`: the socket NAME from the fd store, or
-/// bound to PATH and stored. `exit`: stop at once; `serve`: answer one
-/// connection with `hello <pid>`, then stop.
+/// `fdstore NAME PATH exit|serve|remove`: the socket NAME from the fd
+/// store, or bound to PATH and stored. `exit`: stop at once; `serve`: answer
+/// one connection with `hello <pid>`, then stop; `remove`: remove it from
+/// the store (`FDSTOREREMOVE=1`), then stop.
 struct FDStoreProgram: Program {
     let fd: Int32
     let name: String
@@ -140,7 +144,8 @@ struct FDStoreProgram: Program {
     }
 }
 
-func runFDStoreProbe(name: String, path: String, serve: Bool) -> Int32 {
+func runFDStoreProbe(name: String, path: String, mode: String) -> Int32 {
+    let serve = mode == "serve"
     do {
         var options = Daemon<FDStoreProgram>.Options()
         options.logger = DaemonLogger(level: .info, handler: LogSink { say("log: \($0.message)") })
@@ -149,6 +154,10 @@ func runFDStoreProbe(name: String, path: String, serve: Bool) -> Int32 {
         var st = stat()
         fstat(socket.fd, &st)
         say("socket passed=\(passed) stored=\(stored) inode=\(st.st_ino) fd=\(socket.fd)")
+        if mode == "remove" {
+            try FileDescriptorStore.remove(named: name)
+            say("removed \(name)")
+        }
         let daemon = try Daemon(FDStoreProgram(fd: socket.fd, name: name, serve: serve), options: options) { command, daemon in
             switch command {
             case .stop: daemon.stop(exitCode: 0)
@@ -173,4 +182,43 @@ func runCredentialProbe(name: String) -> Int32 {
     case .failure(let e): say("credential \(name) unreadable: \(e)")
     }
     return 0
+}
+
+/// Runs until SIGTERM; its status is fixed.
+struct IdleProgram: Program {
+    enum Message { case never }
+    func start() -> (Int, [Never]) { (0, []) }
+    func update(_ model: inout Int, _ message: Message) -> [Never] { [] }
+    func status(_ model: Int) -> String? { "idle" }
+}
+
+/// `fdstore-cycle PATH`, under systemd (scripts/systemd-namespace-test.sh):
+/// says which descriptors came back; stores `web` and `keep` (sockets at
+/// PATH.web, PATH.keep) when they did not, removes `web` when it did; then
+/// runs until SIGTERM. Restarted twice: `web` comes back once, `keep` twice.
+func runFDStoreCycleProbe(path: String) -> Int32 {
+    let passed = SocketActivation.adopted().map(\.name).sorted()
+    say("pid \(getpid()) passed=[\(passed.joined(separator: ","))]")
+    do {
+        if passed.contains("web") {
+            try FileDescriptorStore.remove(named: "web")
+            say("pid \(getpid()) removed web")
+        } else {
+            _ = try FileDescriptorStore.socket(named: "web", orBind: path + ".web")
+            say("pid \(getpid()) stored web")
+        }
+        if !passed.contains("keep") {
+            _ = try FileDescriptorStore.socket(named: "keep", orBind: path + ".keep")
+            say("pid \(getpid()) stored keep")
+        }
+        var options = Daemon<IdleProgram>.Options()
+        options.logger = DaemonLogger(level: .info, handler: LogSink { say("log: \($0.message)") })
+        let daemon = try Daemon(IdleProgram(), options: options)
+        let code = try daemon.run()
+        say("pid \(getpid()) exit \(code)")
+        return code
+    } catch {
+        say("error \(error)")
+        return 3
+    }
 }

@@ -200,7 +200,9 @@ case "forge" where args.count > 2:
 case "lifecycle":
     exit(runLifecycleProbe(args.dropFirst(2)))
 case "fdstore" where args.count > 4:
-    exit(runFDStoreProbe(name: args[2], path: args[3], serve: args[4] == "serve"))
+    exit(runFDStoreProbe(name: args[2], path: args[3], mode: args[4]))
+case "fdstore-cycle" where args.count > 2:
+    exit(runFDStoreCycleProbe(path: args[2]))
 case "credential" where args.count > 2:
     exit(runCredentialProbe(name: args[2]))
 case "loop-fd-limit":
@@ -208,7 +210,7 @@ case "loop-fd-limit":
     // thrown SystemdError (no trap), for an owned and a borrowed loop.
     exit(loopAtDescriptorLimit())
 default:
-    say("usage: reconcile-probe daemon | stop-at-start | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT | maintask [nodrain] | tasks N STUBBORN GRACE_MS|max [SPINNING] | stress-send THREADS MESSAGES CAPACITY | stress-churn SECONDS | loop-fd-limit | lifecycle quick|slow MS|fail|long [--reload-ms MS] [--extend-ms MS] [--grace MS] | fdstore NAME PATH exit|serve | credential NAME")
+    say("usage: reconcile-probe daemon | stop-at-start | watch PATH | connectivity [--backend B] [--include G] [--exclude G] [--rcvbuf N] [--settle MS] [--granularity G,G...] [--drop-on TEXT] | forge PORT | maintask [nodrain] | tasks N STUBBORN GRACE_MS|max [SPINNING] | stress-send THREADS MESSAGES CAPACITY | stress-churn SECONDS | loop-fd-limit | lifecycle quick|slow MS|fail|long|stubborn MS|unit PATH MS [--reload-ms MS] [--extend-ms MS] [--grace MS] [--max-extend-ms MS] [--start-timeout-ms MS] | fdstore NAME PATH exit|serve|remove | fdstore-cycle PATH | credential NAME")
     exit(2)
 }
 

@@ -1,4 +1,3 @@
-import CSystemd
 import Foundation
 import Testing
 

@@ -1,4 +1,3 @@
-import CSystemd
 import Foundation
 import Reconcile
 import ReconcileSystemd
@@ -203,6 +202,98 @@ extension SystemdTests {
             #expect(child.wait() == 0)
         }
 
+        @Test func extensionsStopAtTheMaximumWhileReadyIsStillHeld() throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            let notify = try PythonNotifySocket(directory: dir)
+            // A 1.2 s start, extended every 100 ms for at most 350 ms.
+            let child = try Child(probe, ["lifecycle", "slow", "1200", "--extend-ms", "100", "--max-extend-ms", "350"],
+                                  environment: ["NOTIFY_SOCKET": notify.path])
+            #expect(child.line() == "running")
+            let seen = notify.until { $0.hasPrefix("READY=1") }
+            let ready = try #require(seen.last)
+            #expect(ready.message == "READY=1\nSTATUS=reloads 0 done 0")
+            let extensions = seen.dropLast()
+            #expect(extensions.allSatisfy { $0.message == "EXTEND_TIMEOUT_USEC=300000" })
+            let first = try #require(extensions.first), last = try #require(extensions.last)
+            // At 0, 100, 200, 300 ms; the timer at 400 ms is past the maximum
+            // (3 when a late timer already lands past 350 ms, as under a sanitizer).
+            #expect((3...4).contains(extensions.count), "\(extensions.map { ($0.t - first.t) / 1000 })")
+            #expect(last.t - first.t < 450_000)
+            // READY=1 still waited for the start's task, with no extension after the cutoff.
+            #expect(ready.t - first.t >= 1_150_000)
+            #expect(child.line(matching: { $0.hasPrefix("log: the start has been extended") })?
+                .hasSuffix("no more EXTEND_TIMEOUT_USEC; READY=1 still waits, and the manager's TimeoutStartSec= applies again") == true)
+            print("maximum extension 350 ms: \(extensions.count) extensions over \((last.t - first.t) / 1000) ms, READY=1 \((ready.t - last.t) / 1000) ms after the last")
+            child.signal(SIGTERM)
+            #expect(child.wait() == 0)
+        }
+
+        @Test func startTimeoutFailsAHeldStartWithETIMEDOUT() throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            let notify = try PythonNotifySocket(directory: dir)
+            // A 5 s start against a 300 ms start timeout.
+            let child = try Child(probe, ["lifecycle", "slow", "5000", "--extend-ms", "100", "--start-timeout-ms", "300"],
+                                  environment: ["NOTIFY_SOCKET": notify.path])
+            #expect(child.line() == "running")
+            let seen = notify.until { $0.hasPrefix("BARRIER=1") }
+            let messages = seen.map(\.message)
+            let failure = "STATUS=start timed out: READY=1 not sent within 300ms (Options.startTimeout)\nERRNO=\(ETIMEDOUT)"
+            let failed = try #require(messages.firstIndex(of: failure), "\(messages)")
+            let stopping = try #require(messages.firstIndex(of: "STOPPING=1"))
+            #expect(failed < stopping)
+            #expect(!messages.contains { $0.hasPrefix("READY=1") })
+            #expect(messages.filter { $0 == failure }.count == 1)
+            // Counted from run(): the start's first extension is at its beginning.
+            let elapsed = seen[failed].t - seen[0].t
+            #expect(elapsed >= 250_000 && elapsed < 1_500_000)
+            #expect(messages.last == "BARRIER=1")
+            print("start timeout 300 ms: failed \(elapsed / 1000) ms after the first extension; \(messages)")
+            #expect(child.line(matching: { $0.hasPrefix("exit") })?.hasPrefix("exit 1 ") == true)
+            #expect(child.wait() == 1)
+        }
+
+        @Test func reloadSignalDuringAHeldStartRunsOnceAfterReady() throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            let notify = try PythonNotifySocket(directory: dir)
+            let child = try Child(probe, ["lifecycle", "slow", "600", "--reload-ms", "100"], environment: ["NOTIFY_SOCKET": notify.path])
+            #expect(child.line() == "running")
+            #expect(child.line() == "start waits: true")
+            child.signal(SIGHUP)
+            #expect(child.line(matching: { $0.hasPrefix("log: received SIGHUP") }) == "log: received SIGHUP during the start: reloading after READY=1")
+            child.signal(SIGHUP)
+            let start = notify.until { $0.hasPrefix("READY=1") }.map(\.message)
+            // No RELOADING=1 before the start's READY=1.
+            #expect(start.last == "READY=1\nSTATUS=reloads 0 done 0")
+            #expect(start.dropLast().allSatisfy { $0.hasPrefix("EXTEND_TIMEOUT_USEC=") }, "\(start)")
+            // Then one reload (the two signals are one), RELOADING=1 to READY=1.
+            let reload = notify.until { $0.hasPrefix("READY=1") }.map(\.message).filter { !$0.hasPrefix("STATUS=") && !$0.hasPrefix("EXTEND_TIMEOUT_USEC=") }
+            #expect(reload.count == 2 && reload.first?.hasPrefix("RELOADING=1\nMONOTONIC_USEC=") == true, "\(reload)")
+            #expect(reload.last == "READY=1\nSTATUS=reloads 1 done 1")
+            #expect(child.line(matching: { $0 == "reload task done" }) != nil)
+            child.signal(SIGTERM)
+            let rest = notify.until { $0 == "STOPPING=1" }.map(\.message)
+            #expect(rest.last == "STOPPING=1" && !rest.contains { $0.hasPrefix("RELOADING=1") }, "\(rest)")
+            #expect(child.line(matching: { $0.hasPrefix("reload ") }) == nil)
+            #expect(child.wait() == 0)
+        }
+
+        @Test func fdStoreRemoveSendsExactlyTheRemoveMessage() throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            let notify = try PythonNotifySocket(directory: dir)
+            let child = try Child(probe, ["fdstore", "web", dir + "/web.sock", "remove"], environment: ["NOTIFY_SOCKET": notify.path])
+            let seen = notify.until { $0.hasPrefix("BARRIER=1") }
+            // The store with its descriptor, the removal with none; a start
+            // stopped by its own command sends no READY=1.
+            #expect(seen.map(\.message) == ["FDSTORE=1\nFDNAME=web", "FDSTOREREMOVE=1\nFDNAME=web", "STOPPING=1", "BARRIER=1"])
+            #expect(seen.map(\.fds) == [1, 0, 0, 1])
+            #expect(child.line(matching: { $0 == "removed web" }) != nil)
+            #expect(child.wait() == 0)
+        }
+
         @Test func failedStartSendsStatusAndErrnoBeforeExitAndNeverReady() throws {
             let dir = try makeTemporaryDirectory()
             defer { removeTree(dir) }
@@ -320,6 +411,36 @@ extension SystemdTests {
             #expect(child.wait() == 0)
         }
 
+        /// A SIGTERM right after `DaemonService` was made (before its
+        /// thread, its loop or its signal handling exist) is held and read
+        /// by the loop once it runs: a graceful exit 0, never a kill.
+        @Test func sigtermBeforeTheServiceStartedIsAGracefulExitEveryTime() throws {
+            let runs = 200
+            // Mostly at once; some a little later, across the service's start.
+            let delays: [UInt32] = [0, 0, 0, 0, 200, 1000, 3000, 8000]
+            var graceful = 0, held = 0, failures: [String] = []
+            for i in 0..<runs {
+                let child = try Child(asyncProbe, ["early"])
+                guard child.line() == "created" else { failures.append("run \(i): no 'created'"); continue }
+                if delays[i % delays.count] > 0 { usleep(delays[i % delays.count]) }
+                child.signal(SIGTERM)
+                var exitLine: String?
+                while let line = child.line() {
+                    if line == "log: held until the loop's thread ran: SIGTERM" { held += 1 }
+                    if line.hasPrefix("exit") || line.hasPrefix("error") { exitLine = line; break }
+                }
+                let status = child.wait()
+                if child.process.terminationReason == .exit, status == 0, exitLine?.hasPrefix("exit 0 ") == true {
+                    graceful += 1
+                } else {
+                    failures.append("run \(i) (delay \(delays[i % delays.count]) µs): \(child.process.terminationReason == .exit ? "exit" : "signal") \(status.map(String.init) ?? "?"), \(exitLine ?? "no exit line")")
+                }
+            }
+            // How many came before the loop's thread (held), the rest after (forwarded).
+            print("SIGTERM at 'created': \(graceful) of \(runs) graceful, \(held) of them held before the loop's thread ran")
+            #expect(graceful == runs, "\(failures.prefix(10))")
+        }
+
         @Test func asyncRunAfterAnotherAwaitIsAClearError() throws {
             let child = try Child(asyncProbe, ["late"])
             #expect(child.line() == "running")
@@ -357,7 +478,7 @@ extension SystemdTests {
 
         @Test(.enabled(if: getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/lib/systemd/systemd"),
                        "needs root and systemd to run systemd as PID 1 of a namespace"))
-        func reloadWaitsForReadyStopIsExtendedAndTheFdStoreSurvivesRestart() throws {
+        func reloadWaitsForReadyStopIsExtendedAndTheFdStoreSurvivesRestartUnlessRemoved() throws {
             let child = try Child("/bin/sh", [Self.script, builtExecutable("reconcile-probe")])
             var lines: [String] = []
             while let l = child.line(timeout: .seconds(60)) { lines.append(l) }
@@ -399,7 +520,13 @@ extension SystemdTests {
             #expect(sockets.first?.contains("passed=false stored=true") == true)
             #expect(sockets.last?.contains("passed=true stored=false") == true)
             #expect(inodes.count == 2 && inodes[0] == inodes[1])
+            // FDSTOREREMOVE=1: `web` came back once (then removed), `keep` twice.
+            let passed = lines.filter { $0.hasPrefix("cycle pid ") && $0.contains(" passed=") }.compactMap { $0.split(separator: " ").last }
+            #expect(passed == ["passed=[]", "passed=[keep,web]", "passed=[keep]"], "\(lines.filter { $0.hasPrefix("cycle ") })")
+            #expect(lines.filter { $0.hasPrefix("cycle pid ") && $0.hasSuffix(" removed web") }.count == 1)
+            #expect(value("fdcycle_after") == ["active", "running"])
             #expect(value("cgroups_left") == ["0"])
+            print("systemd 252: fd store after FDSTOREREMOVE=1 web and two restarts: \(passed.joined(separator: " "))")
             print("systemd 252: systemctl reload \(reloadMs) ms with ExecReload=kill, \(waitMs) ms with kill && sleep 0.2, \(plainMs) ms without RELOADING=1 (reloading until READY=1 each time), stop \(stopMs) ms with TimeoutStopSec=1s, fd store inode \(inodes.first ?? "?") kept across restart")
         }
     }

@@ -31,10 +31,7 @@ func inNewNetworkNamespace<T: Sendable>(_ body: @escaping @Sendable () throws ->
 /// (SIOCGIFFLAGS), and, when `up` is given, sets IFF_UP first
 /// (SIOCSIFFLAGS): the kernel's own answer, not the watcher's.
 func linkFlags(_ name: String, settingUp up: Bool? = nil) throws -> Int32 {
-    // SOCK_DGRAM | SOCK_CLOEXEC by value (Linux's): this file cannot import
-    // CSystemd (its <linux/if.h> makes IFF_UP another type), and without it
-    // the names' module depends on which was built first.
-    let fd = socket(AF_INET, 2 | 0o2_000_000, 0)
+    let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
     guard fd >= 0 else { throw POSIXError(.init(rawValue: errno) ?? .EIO) }
     defer { close(fd) }
     // struct ifreq as bytes (the name, then the flags at offset 16): its

@@ -1,4 +1,3 @@
-import CSystemd
 import Foundation
 import Reconcile
 @testable import ReconcileSystemd

@@ -1,5 +1,5 @@
-import CSystemd
 import Foundation
+import Glibc
 import Reconcile
 import ReconcileSystemd
 import Synchronization

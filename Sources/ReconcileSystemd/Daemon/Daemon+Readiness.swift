@@ -31,6 +31,14 @@ final class Lifecycle {
     var reloadHook: SignalHook?
     /// Reloads asked for (signals received) and finished (`READY=1` after them).
     var reloads = 0, reloadsFinished = 0
+    /// A reload signal received during the start: the reload runs once the
+    /// start's `READY=1` is sent (the signal's number; several are one).
+    var queuedReload: Int32?
+    /// When `run()` began (loop time, usec): what `Options.startTimeout` counts from.
+    var startedAt: UInt64 = 0
+    /// Fails the start after `Options.startTimeout` (a timer).
+    var startDeadline: EventSource?
+    var startDeadlineHook: SignalHook?
 
     /// Drops the holds that ended; whether some still run.
     func holding(_ inFlight: Set<TaskID>) -> Bool {
@@ -44,6 +52,9 @@ final class Lifecycle {
         checkHook = nil
         extender?.close()
         extender = nil
+        startDeadline?.close()
+        startDeadline = nil
+        startDeadlineHook = nil
         holds = []
     }
 
@@ -52,6 +63,7 @@ final class Lifecycle {
         for s in reloadSources { s.close() }
         reloadSources = []
         reloadHook = nil
+        queuedReload = nil
     }
 }
 
@@ -133,8 +145,35 @@ extension Daemon {
         }
         if options.notify, lifecycle.extender == nil {
             let until = usecAdd(lifecycle.holdingSince, usec(options.maximumStartExtension))
-            lifecycle.extender = TimeoutExtender(loop: loop, interval: options.timeoutExtensionInterval, until: until, logger: logger)
+            let what = lifecycle.phase == .starting ? "the start" : "the reload"
+            lifecycle.extender = TimeoutExtender(
+                loop: loop, interval: options.timeoutExtensionInterval, until: until, logger: logger,
+                cutoff: "\(what) has been extended for \(options.maximumStartExtension.short) (Options.maximumStartExtension): no more EXTEND_TIMEOUT_USEC; READY=1 still waits, and the manager's TimeoutStartSec= applies again")
         }
+        if lifecycle.phase == .starting, lifecycle.startDeadline == nil, let timeout = options.startTimeout {
+            armStartDeadline(timeout)
+        }
+    }
+
+    /// The timer of `Options.startTimeout`: a start still held then fails
+    /// (`STATUS=`, `ERRNO=ETIMEDOUT`, exit code 1) through `fail`.
+    private func armStartDeadline(_ timeout: Duration) {
+        let hook = SignalHook { [unowned self] _ in
+            guard state == .running, !stopRequested, lifecycle.phase == .starting else { return }
+            lifecycle.stopHolding()
+            fail("start timed out: READY=1 not sent within \(timeout.short) (Options.startTimeout)", errno: ETIMEDOUT, exitCode: 1)
+        }
+        var s: OpaquePointer?
+        let due = usecAdd(lifecycle.startedAt, usec(timeout))
+        let r = sd_event_add_time(loop.handle, &s, CLOCK_MONOTONIC, due, 1000, { _, _, ud in
+            Unmanaged<SignalHook>.fromOpaque(ud!).takeUnretainedValue().action(0)
+            return 0
+        }, Unmanaged.passUnretained(hook).toOpaque())
+        guard r >= 0 else {
+            return logger.error("cannot arm the start timeout: \(SystemdError("sd_event_add_time", errno: -r)); the start is not bounded")
+        }
+        lifecycle.startDeadline = EventSource(s!)
+        lifecycle.startDeadlineHook = hook
     }
 
     /// After each dispatch while holding: `READY=1` once the holds ended.
@@ -147,6 +186,10 @@ extension Daemon {
         if reloaded {
             lifecycle.reloadsFinished = lifecycle.reloads
             logger.notice("reloaded")
+        } else if let signo = lifecycle.queuedReload {
+            // The start is done: now the reload asked for during it.
+            lifecycle.queuedReload = nil
+            reload(signal: signo)
         }
     }
 
@@ -163,11 +206,21 @@ extension Daemon {
 
     /// Starts a reload: `RELOADING=1` + `MONOTONIC_USEC`, the reload message
     /// delivered (its commands run now), `READY=1` once the tasks it marked
-    /// ended. A reload during the start or another reload joins it.
+    /// ended. A reload during another reload joins it. A reload signal during
+    /// a held start (before its `READY=1`) is queued: the reload runs right
+    /// after the start's `READY=1` (systemd does not reload a unit that is
+    /// still activating, and `RELOADING=1` before `READY=1` is not a state
+    /// the protocol has); several such signals make one reload.
     func reload(signal signo: Int32) {
         guard state == .running, !stopRequested, let message = options.reloadMessage else { return }
+        let name = SignalSource.Signal(rawValue: signo).map(\.description) ?? "signal \(signo)"
+        if lifecycle.phase == .starting {
+            if lifecycle.queuedReload == nil { logger.notice("received \(name) during the start: reloading after READY=1") }
+            lifecycle.queuedReload = signo
+            return
+        }
         lifecycle.reloads += 1
-        logger.notice("received \(SignalSource.Signal(rawValue: signo).map(\.description) ?? "signal \(signo)"): reloading")
+        logger.notice("received \(name): reloading")
         if options.notify { ServiceManager.notify(ServiceManager.reloadingMessage()) }
         if lifecycle.phase == .ready {
             lifecycle.phase = .reloading
@@ -189,17 +242,22 @@ extension Daemon {
 /// Sends `EXTEND_TIMEOUT_USEC` (three intervals) now and every `interval`
 /// from a timer on the loop, until `until` (loop time, usec): the manager's
 /// start, reload or stop timeout does not strike while the loop is alive.
+/// At `until` it logs `cutoff` (when given) and stops.
 final class TimeoutExtender {
     private let loop: EventLoop
     private let interval: UInt64
     private let until: UInt64
     private let message: String
+    private let logger: DaemonLogger
+    private let cutoff: String?
     private var source: EventSource?
 
-    init?(loop: EventLoop, interval: Duration, until: UInt64, logger: DaemonLogger) {
+    init?(loop: EventLoop, interval: Duration, until: UInt64, logger: DaemonLogger, cutoff: String? = nil) {
         self.loop = loop
         self.interval = max(1000, usec(interval))
         self.until = until
+        self.logger = logger
+        self.cutoff = cutoff
         message = ServiceManager.extendTimeoutMessage(interval * 3)
         ServiceManager.notify(message)
         var s: OpaquePointer?
@@ -217,7 +275,10 @@ final class TimeoutExtender {
 
     private func fire(_ s: OpaquePointer?) {
         let now = loop.now()
-        guard now < until else { return close() }
+        guard now < until else {
+            if let cutoff { logger.warning(cutoff) }
+            return close()
+        }
         ServiceManager.notify(message)
         sd_event_source_set_time(s, usecAdd(now, interval))
     }

@@ -16,7 +16,10 @@ import Reconcile
 ///   sent meanwhile.
 /// - With `Options.reloadMessage`, SIGHUP reloads: `RELOADING=1` with
 ///   `MONOTONIC_USEC`, the message delivered, `READY=1` once the reload's
-///   commands ran and its marked tasks ended (Docs/Embedding.md).
+///   commands ran and its marked tasks ended (Docs/Embedding.md). A reload
+///   signal during a held start runs after the start's `READY=1`.
+/// - `Options.startTimeout` fails a start still waiting for `READY=1`
+///   (`ERRNO=ETIMEDOUT`, exit code 1).
 /// - `fail(_:errno:busError:exitCode:)` sends `STATUS=` and `ERRNO=` before
 ///   the stop; exit waits (bounded) for the manager to have read the last
 ///   message (`sd_notify_barrier`).
@@ -67,8 +70,17 @@ public final class Daemon<P: Program> {
         /// asks for three intervals more.
         public var timeoutExtensionInterval: Duration = .seconds(1)
         /// How long a start or a reload is extended at most: after this the
-        /// extensions stop, and the manager's own timeout applies again.
+        /// extensions stop (logged at warning), `READY=1` still waits, and
+        /// the manager's own `TimeoutStartSec=` applies again (it times the
+        /// unit out once its last extension lapsed, if the start or reload
+        /// has by then run longer than `TimeoutStartSec=`).
         public var maximumStartExtension: Duration = .seconds(600)
+        /// How long a start may wait for `READY=1` (the tasks marked with
+        /// `readyWaits(for:)`), counted from `run()`: then the daemon fails
+        /// as by `fail(_:errno:busError:exitCode:)`, with
+        /// `STATUS=start timed out...`, `ERRNO=ETIMEDOUT` and exit code 1.
+        /// nil: no bound of its own (the manager's applies).
+        public var startTimeout: Duration?
         /// How long exit waits for the manager to have read the last
         /// notification (`sd_notify_barrier`); nil: exit at once.
         public var notifyBarrierTimeout: Duration? = .seconds(1)
@@ -170,6 +182,7 @@ public final class Daemon<P: Program> {
             throw error
         }
         state = .running
+        lifecycle.startedAt = loop.now()
         do {
             try runtime.start()
         } catch {

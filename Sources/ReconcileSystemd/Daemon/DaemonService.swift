@@ -107,9 +107,17 @@ public final class DaemonService<P: Program>: Sendable {
     private let control = ServiceControl()
 
     /// A service that builds its daemon with `make` when it runs (on the loop's thread).
+    ///
+    /// Makes the daemon's signals its own at once: from here on a signal
+    /// (SIGTERM, SIGINT, SIGHUP...) that arrives before the loop runs is held
+    /// and read by the loop once it does (a SIGTERM then is a graceful
+    /// shutdown, not a kill). So make the service first thing in `main`,
+    /// before any `await`, and run it: a service never run holds them forever.
     /// - Parameter make: builds the daemon; called once, on the thread that runs it.
     public init(_ make: @escaping @Sendable () throws -> Daemon<P>) {
         self.make = make
+        // A signal that has someone else's handler fails run() (runHere installs again).
+        try? SignalForwarding.prepare(SignalSource.Signal.allCases)
     }
 
     /// How the run ended (nil until `run()` returned).
@@ -156,10 +164,14 @@ public final class DaemonService<P: Program>: Sendable {
     /// The service thread: signals, the daemon, its run.
     private func runHere() throws -> Int32 {
         try Signals.block()
-        try SignalForwarding.install(Signals.notBlockedEverywhere(SignalSource.Signal.allCases))
+        let held = try SignalForwarding.install(Signals.notBlockedEverywhere(SignalSource.Signal.allCases))
         defer { SignalForwarding.remove() }
         let (code, report): (Int32, DaemonShutdown) = try {
             let daemon = try make()
+            if !held.isEmpty {
+                let names = held.map { SignalSource.Signal(rawValue: $0)?.description ?? "signal \($0)" }
+                daemon.logger.info("held until the loop's thread ran: \(names.joined(separator: ", "))")
+            }
             let forwarded = SignalForwarding.forwarded
             if !forwarded.isEmpty {
                 daemon.logger.info("signals forwarded to the loop's thread (another thread does not block them): \(forwarded.map(\.description).joined(separator: ", "))")
