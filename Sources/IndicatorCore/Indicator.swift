@@ -103,6 +103,8 @@ public struct Indicator: Program {
         /// The logind subscription failed (no system bus, the bus lost, a
         /// malformed signal); it retries by itself.
         case logindUnavailable(String)
+        /// The system bus is being reconnected (after `.logindUnavailable`).
+        case logindReconnecting(attempt: Int, after: Duration)
     }
 
     public enum Command: Equatable, Sendable, Codable {
@@ -213,6 +215,8 @@ public struct Indicator: Program {
         case .logindUnavailable(let reason):
             model.logindProblem = reason
             return []
+        case .logindReconnecting:
+            return []
         case .configRead(let path, let contents):
             let next = readDone(&model)
             guard let contents else {
@@ -280,6 +284,9 @@ public struct Indicator: Program {
                         }
                     case .failed(let f):
                         .logindUnavailable(f.reason)
+                    case .restarting(let attempt, let after):
+                        // The failure before it stays the problem shown.
+                        .logindReconnecting(attempt: attempt, after: after)
                     }
                 }
                 if model.sleeping {

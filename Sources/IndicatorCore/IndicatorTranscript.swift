@@ -22,6 +22,7 @@ enum MessageCoding: Codable {
     case logindPresent
     case logindGone
     case logindUnavailable(String)
+    case logindReconnecting(attempt: Int, afterMicroseconds: Int64)
 
     init(_ m: Indicator.Message) {
         switch m {
@@ -37,6 +38,8 @@ enum MessageCoding: Codable {
         case .logindPresent: self = .logindPresent
         case .logindGone: self = .logindGone
         case .logindUnavailable(let reason): self = .logindUnavailable(reason)
+        case .logindReconnecting(let attempt, let after):
+            self = .logindReconnecting(attempt: attempt, afterMicroseconds: after.saturatingMicroseconds)
         }
     }
 
@@ -55,6 +58,7 @@ enum MessageCoding: Codable {
             case .logindPresent: .logindPresent
             case .logindGone: .logindGone
             case .logindUnavailable(let reason): .logindUnavailable(reason)
+            case .logindReconnecting(let attempt, let after): .logindReconnecting(attempt: attempt, after: .microseconds(after))
             }
         }
     }

@@ -216,6 +216,7 @@ extension SystemdTests {
                 switch e {
                 case .received(let s): "\(s.arguments.count) args, first \(s.arguments.first?.type.description ?? "-")"
                 case .failed(let f): "failed \(f)"
+                case .restarting(let n, _): "restarting \(n)"
                 }
             }
             #expect(summary == ["1 args, first as", "1 args, first v", "1 args, first s"])

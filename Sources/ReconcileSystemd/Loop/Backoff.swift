@@ -95,12 +95,24 @@ final class RetryTimer {
     /// armed) and returns that delay (µs).
     @discardableResult
     func schedule() throws(SystemdError) -> UInt64 {
+        try arm(after: nextDelay())
+    }
+
+    /// Draws the schedule's next delay (the attempt counts) without arming.
+    func nextDelay() -> Duration {
         var random = SystemRandomNumberGenerator()
-        guard case .restart(_, let after) = delays.next(at: .zero, random: &random) else { return lastDelay }
-        let delay = usec(after)
-        try timer.arm(microseconds: delay)
-        lastDelay = delay
-        return delay
+        guard case .restart(_, let after) = delays.next(at: .zero, random: &random) else { return .microseconds(Int64(clamping: lastDelay)) }
+        return after
+    }
+
+    /// Arms the retry after `delay` (one a caller's schedules chose, or
+    /// `nextDelay()`) and returns it (µs).
+    @discardableResult
+    func arm(after delay: Duration) throws(SystemdError) -> UInt64 {
+        let micros = usec(delay)
+        try timer.arm(microseconds: micros)
+        lastDelay = micros
+        return micros
     }
 
     /// The next retry comes after the first delay again (after a success).
