@@ -169,6 +169,9 @@ public struct Indicator: Program {
             case .failed(let f):
                 model.failure = f.reason
                 if once { return [.log("connectivity: \(f.reason)"), .exit(1)] }
+            case .restarting:
+                // The failure before it stays the one shown.
+                break
             }
             return []
         case .minute:
@@ -176,6 +179,8 @@ public struct Indicator: Program {
             return []
         case .configChanged(.failed(let f)):
             return [.log("config watch: \(f)")]
+        case .configChanged(.restarting):
+            return []
         case .configChanged(.deleted):
             return configPath.map { [.log("config \($0) was deleted: keeping the last good configuration")] } ?? []
         case .configChanged:

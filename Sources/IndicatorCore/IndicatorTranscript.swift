@@ -75,6 +75,7 @@ struct FailureCoding: Codable {
 enum FileEventCoding: Codable {
     case exists, created, modified, replaced, deleted, rescan
     case failed(FailureCoding)
+    case restarting(attempt: Int, afterMicroseconds: Int64)
 
     init(_ e: FileWatchSource.Event) {
         switch e {
@@ -85,6 +86,7 @@ enum FileEventCoding: Codable {
         case .deleted: self = .deleted
         case .rescan: self = .rescan
         case .failed(let f): self = .failed(FailureCoding(f))
+        case .restarting(let n, let after): self = .restarting(attempt: n, afterMicroseconds: after.saturatingMicroseconds)
         }
     }
 
@@ -97,6 +99,7 @@ enum FileEventCoding: Codable {
         case .deleted: .deleted
         case .rescan: .rescan
         case .failed(let f): .failed(f.failure)
+        case .restarting(let n, let after): .restarting(attempt: n, after: .microseconds(after))
         }
     }
 }
@@ -118,6 +121,7 @@ enum ConnectivityEventCoding: Codable {
     }
     case changed(Change)
     case failed(FailureCoding)
+    case restarting(attempt: Int, afterMicroseconds: Int64)
 
     init(_ e: ConnectivitySource.Event) {
         switch e {
@@ -129,6 +133,8 @@ enum ConnectivityEventCoding: Codable {
                 backend: s.backend.rawValue, changedAt: c.changedAt))
         case .failed(let f):
             self = .failed(FailureCoding(f))
+        case .restarting(let n, let after):
+            self = .restarting(attempt: n, afterMicroseconds: after.saturatingMicroseconds)
         }
     }
 
@@ -136,6 +142,7 @@ enum ConnectivityEventCoding: Codable {
         get throws {
             switch self {
             case .failed(let f): return .failed(f.failure)
+            case .restarting(let n, let after): return .restarting(attempt: n, after: .microseconds(after))
             case .changed(let c):
                 func state(_ raw: String) throws -> ConnectivitySource.OperationalState {
                     guard let s = ConnectivitySource.OperationalState(rawValue: raw) else {

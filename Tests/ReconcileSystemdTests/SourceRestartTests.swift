@@ -56,6 +56,18 @@ struct BusRestartWatcher: Program {
     }
 }
 
+extension Child {
+    /// The next line not starting with `prefix` (a retry's announcement).
+    func line(skipping prefix: String, timeout: Duration = .seconds(10)) -> String? {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            guard let l = line(timeout: deadline - ContinuousClock.now) else { return nil }
+            if !l.hasPrefix(prefix) { return l }
+        }
+        return nil
+    }
+}
+
 extension SystemdTests {
     @Suite struct SourceRestarts {
         typealias Recorder = TimedRecorder<ProcessSource>

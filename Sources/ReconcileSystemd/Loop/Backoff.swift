@@ -82,13 +82,27 @@ final class RetryTimer {
                                                maximum: .microseconds(Int64(clamping: maximum))), action: action)
     }
 
+    /// The backoff its delays come from.
+    let backoff: Backoff
+    private let loop: EventLoop
+
     /// A retry with the delays of `backoff` (its jitter drawn from the
-    /// system's generator; its cap, if any, ignored: a retry never gives up).
-    init(loop: EventLoop, backoff: Backoff, action: @escaping () -> Void) {
-        var uncapped = backoff
-        uncapped.attempts = .max
-        delays = RestartSchedule(uncapped)
+    /// system's generator); its cap ignored unless `capped` (then
+    /// `decide()` gives up once it is reached).
+    init(loop: EventLoop, backoff: Backoff, capped: Bool = false, action: @escaping () -> Void) {
+        var schedule = backoff
+        if !capped { schedule.attempts = .max }
+        self.backoff = backoff
+        self.loop = loop
+        delays = RestartSchedule(schedule)
         timer = LoopTimer(loop: loop, action: action)
+    }
+
+    /// The schedule's decision now (the loop's monotonic time counts the
+    /// cap's window), not armed: `arm(after:)` the delay of a `.restart`.
+    func decide() -> RestartSchedule.Decision {
+        var random = SystemRandomNumberGenerator()
+        return delays.next(at: .microseconds(Int64(clamping: loop.now(CLOCK_MONOTONIC))), random: &random)
     }
 
     /// Arms the retry after the schedule's next delay (again, if one is
