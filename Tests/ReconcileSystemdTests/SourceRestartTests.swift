@@ -1,7 +1,7 @@
 import CSystemd
 import Foundation
 import Reconcile
-import ReconcileSystemd
+@testable import ReconcileSystemd
 import Testing
 
 /// One process, listener or bus subscription with a restart policy,
@@ -185,6 +185,34 @@ extension SystemdTests {
                 return h.runtime.model.events.contains { if case .accepted = $0.0 { true } else { false } }
             }, timeout: .seconds(5))
             #expect(connected)
+        }
+
+        @Test func theKernelBackendsResyncAnnouncesEachRetryAndUnderNeverRetriesNoMore() throws {
+            final class Log {
+                var tables = 0
+                var events: [String] = []
+            }
+            let outcome = try inNewNetworkNamespace { () throws -> [String] in
+                var seen: [String] = []
+                for (policy, up) in [(RestartPolicy.backoff(Backoff(initial: .milliseconds(30), maximum: .seconds(1))), true), (.never, false)] {
+                    let loop = try EventLoop()
+                    let log = Log()
+                    let watcher = try NetlinkWatcher(
+                        receiveBuffer: nil, loop: loop, logger: DaemonLogger(level: .error, handler: .stderr), restart: policy,
+                        onTable: { _ in log.tables += 1 }, onFailure: { log.events.append("failed \($0.code ?? 0)") },
+                        onRestarting: { log.events.append("restarting \($0) \($1)") })
+                    _ = try loop.run(until: { log.tables > 0 }, timeout: .seconds(5))
+                    let tables = log.tables
+                    // The read of the next notification (lo going up, then down) fails.
+                    watcher.injectedReceiveErrors = [ENOMEM]
+                    _ = try linkFlags("lo", settingUp: up)
+                    _ = try loop.run(until: { log.events.count >= 2 && log.tables > tables }, timeout: .milliseconds(600))
+                    seen.append("\(policy == .never ? "never" : "backoff"): \(log.events.joined(separator: ", ")); retries \(watcher.retries)")
+                    watcher.stop()
+                }
+                return seen
+            }
+            #expect(outcome == ["backoff: failed \(ENOMEM), restarting 1 0.03 seconds; retries 1", "never: failed \(ENOMEM); retries 0"])
         }
 
         @Test func busSourcesSeeTheRestartingEventsWhenTheirDaemonIsKilledAndRestarted() throws {
