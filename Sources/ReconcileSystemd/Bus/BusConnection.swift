@@ -79,13 +79,20 @@ protocol BusNameObserver: AnyObject {
 /// It connects when the first source or call needs it and stays open while
 /// the driver is attached. A bus that is missing at start, or lost later
 /// (sd-bus's local `Disconnected` signal), is one failure event on every
-/// source, then a reconnect on the project's backoff (`RetryTimer`, 100 ms
-/// doubling to 5 s) after which every source re-adds its matches and reads
-/// again. Names are tracked here once per name for all sources
+/// source, then a reconnect on the restart mechanism's backoff (the
+/// shortest delay its sources' policies ask for; by default
+/// `BusAddress.defaultReconnect`, 100 ms doubling to 5 s), each attempt a
+/// `.restarting` on the sources, after which every source re-adds its
+/// matches and reads again. Names are tracked here once per name for all sources
 /// (NameOwnerChanged plus GetNameOwner), so owner checks compare unique names.
 final class BusConnection {
-    /// Reconnect delays: 100 ms, 200 ms, ... at most 5 s.
-    static let reconnectInitial: UInt64 = 100_000, reconnectMaximum: UInt64 = 5_000_000
+    /// Reconnect delays: 100 ms, 200 ms, ... at most 5 s (`BusAddress.defaultReconnect`).
+    static let defaultBackoff: Backoff = {
+        guard case .backoff(let b) = BusAddress.defaultReconnect else { return Backoff(initial: .milliseconds(100), maximum: .seconds(5)) }
+        return b
+    }()
+    static let reconnectInitial = UInt64(defaultBackoff.initial.saturatingMicroseconds)
+    static let reconnectMaximum = UInt64(defaultBackoff.maximum.saturatingMicroseconds)
     /// How long a new connection may take to answer its first call.
     static let answerTimeout: UInt64 = 5_000_000
 
@@ -96,7 +103,9 @@ final class BusConnection {
     private(set) var handle: OpaquePointer?
     private var localSlot: OpaquePointer?
     private var answerTimer: EventSource?
-    private lazy var retry = RetryTimer(loop: loop, initial: Self.reconnectInitial, maximum: Self.reconnectMaximum) { [unowned self] in
+    /// The connection's own schedule (`BusAddress.defaultReconnect`), for
+    /// clients without a policy of their own.
+    private lazy var retry = RetryTimer(loop: loop, backoff: Self.defaultBackoff) { [unowned self] in
         connect()
     }
     private var attempts = 0
