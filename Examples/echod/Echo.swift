@@ -124,7 +124,7 @@ struct Echo: Program {
             case .exited(let status): answer = job.first ?? "exit \(status)"
             case .killed(let signal): answer = job.first ?? "killed \(signal)"
             case .failed(let failure): answer = "error \(failure.reason)"
-            case .started, .output, .lineTooLong: return []
+            case .started, .output, .lineTooLong, .restarting: return []
             }
             model.jobs[id] = nil
             switch job.reply {

@@ -103,6 +103,8 @@ public struct Indicator: Program {
         /// The logind subscription failed (no system bus, the bus lost, a
         /// malformed signal); it retries by itself.
         case logindUnavailable(String)
+        /// The system bus is being reconnected (after `.logindUnavailable`).
+        case logindReconnecting(attempt: Int, after: Duration)
     }
 
     public enum Command: Equatable, Sendable, Codable {
@@ -167,6 +169,9 @@ public struct Indicator: Program {
             case .failed(let f):
                 model.failure = f.reason
                 if once { return [.log("connectivity: \(f.reason)"), .exit(1)] }
+            case .restarting:
+                // The failure before it stays the one shown.
+                break
             }
             return []
         case .minute:
@@ -174,6 +179,8 @@ public struct Indicator: Program {
             return []
         case .configChanged(.failed(let f)):
             return [.log("config watch: \(f)")]
+        case .configChanged(.restarting):
+            return []
         case .configChanged(.deleted):
             return configPath.map { [.log("config \($0) was deleted: keeping the last good configuration")] } ?? []
         case .configChanged:
@@ -212,6 +219,8 @@ public struct Indicator: Program {
             return [.log("logind left the bus while the machine was preparing for sleep: resuming")]
         case .logindUnavailable(let reason):
             model.logindProblem = reason
+            return []
+        case .logindReconnecting:
             return []
         case .configRead(let path, let contents):
             let next = readDone(&model)
@@ -280,6 +289,9 @@ public struct Indicator: Program {
                         }
                     case .failed(let f):
                         .logindUnavailable(f.reason)
+                    case .restarting(let attempt, let after):
+                        // The failure before it stays the problem shown.
+                        .logindReconnecting(attempt: attempt, after: after)
                     }
                 }
                 if model.sleeping {

@@ -22,6 +22,7 @@ enum MessageCoding: Codable {
     case logindPresent
     case logindGone
     case logindUnavailable(String)
+    case logindReconnecting(attempt: Int, afterMicroseconds: Int64)
 
     init(_ m: Indicator.Message) {
         switch m {
@@ -37,6 +38,8 @@ enum MessageCoding: Codable {
         case .logindPresent: self = .logindPresent
         case .logindGone: self = .logindGone
         case .logindUnavailable(let reason): self = .logindUnavailable(reason)
+        case .logindReconnecting(let attempt, let after):
+            self = .logindReconnecting(attempt: attempt, afterMicroseconds: after.saturatingMicroseconds)
         }
     }
 
@@ -55,6 +58,7 @@ enum MessageCoding: Codable {
             case .logindPresent: .logindPresent
             case .logindGone: .logindGone
             case .logindUnavailable(let reason): .logindUnavailable(reason)
+            case .logindReconnecting(let attempt, let after): .logindReconnecting(attempt: attempt, after: .microseconds(after))
             }
         }
     }
@@ -71,6 +75,7 @@ struct FailureCoding: Codable {
 enum FileEventCoding: Codable {
     case exists, created, modified, replaced, deleted, rescan
     case failed(FailureCoding)
+    case restarting(attempt: Int, afterMicroseconds: Int64)
 
     init(_ e: FileWatchSource.Event) {
         switch e {
@@ -81,6 +86,7 @@ enum FileEventCoding: Codable {
         case .deleted: self = .deleted
         case .rescan: self = .rescan
         case .failed(let f): self = .failed(FailureCoding(f))
+        case .restarting(let n, let after): self = .restarting(attempt: n, afterMicroseconds: after.saturatingMicroseconds)
         }
     }
 
@@ -93,6 +99,7 @@ enum FileEventCoding: Codable {
         case .deleted: .deleted
         case .rescan: .rescan
         case .failed(let f): .failed(f.failure)
+        case .restarting(let n, let after): .restarting(attempt: n, after: .microseconds(after))
         }
     }
 }
@@ -114,6 +121,7 @@ enum ConnectivityEventCoding: Codable {
     }
     case changed(Change)
     case failed(FailureCoding)
+    case restarting(attempt: Int, afterMicroseconds: Int64)
 
     init(_ e: ConnectivitySource.Event) {
         switch e {
@@ -125,6 +133,8 @@ enum ConnectivityEventCoding: Codable {
                 backend: s.backend.rawValue, changedAt: c.changedAt))
         case .failed(let f):
             self = .failed(FailureCoding(f))
+        case .restarting(let n, let after):
+            self = .restarting(attempt: n, afterMicroseconds: after.saturatingMicroseconds)
         }
     }
 
@@ -132,6 +142,7 @@ enum ConnectivityEventCoding: Codable {
         get throws {
             switch self {
             case .failed(let f): return .failed(f.failure)
+            case .restarting(let n, let after): return .restarting(attempt: n, after: .microseconds(after))
             case .changed(let c):
                 func state(_ raw: String) throws -> ConnectivitySource.OperationalState {
                     guard let s = ConnectivitySource.OperationalState(rawValue: raw) else {

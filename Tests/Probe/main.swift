@@ -92,6 +92,9 @@ struct ConnectivityProgram: Program {
                 return [.say("failed \(f.reason)"), .say("dropped the watch")]
             }
             return [.say("failed \(f.reason)")]
+        case .connectivity(.restarting):
+            // Not printed: the connectivity tests read the states and failures line by line.
+            return []
         case .signal(.received(.user1, _)):
             model.granularity = min(model.granularity + 1, max(0, granularities.count - 1))
             return [.say("granularity \(granularity(model).rawValue)")]

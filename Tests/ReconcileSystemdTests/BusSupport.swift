@@ -212,3 +212,17 @@ extension BusSignalSource.Event {
     var signal: BusSignal? { if case .received(let s) = self { s } else { nil } }
     var isFailure: Bool { if case .failed = self { true } else { false } }
 }
+
+extension BusNameSource.Event {
+    var isRestarting: Bool { if case .restarting = self { true } else { false } }
+}
+
+extension BusEvent {
+    /// A `.failed` of any of the three kinds.
+    var isFailure: Bool {
+        switch self {
+        case .signal(_, .failed), .name(.failed), .property(.failed): true
+        default: false
+        }
+    }
+}

@@ -92,15 +92,17 @@ extension SystemdTests {
             let before = h.events.count
             bus.kill()
             standin.kill()
-            try h.run(until: { h.events.count >= before + 3 })
-            // Down for a while: several reconnects are refused, no more failures.
+            try h.run(until: { h.events[before...].filter(\.isFailure).count >= 3 })
+            // Down for a while: several reconnects are refused (each a
+            // `.restarting`), no more failures.
             try h.run(for: .milliseconds(800))
-            let failures = h.events[before...]
+            let failures = h.events[before...].filter(\.isFailure)
             #expect(failures.count == 3, "\(failures)")
+            #expect(h.names.filter(\.isRestarting).count >= 2)
             #expect(h.signals("owned").filter(\.isFailure).count == 1)
             #expect(h.names.filter { if case .failed = $0 { true } else { false } }.count == 1)
             #expect(h.properties.filter { if case .failed = $0 { true } else { false } }.count == 1)
-            if case .failed(let f) = h.names.last {
+            if case .failed(let f) = h.names.last(where: { !$0.isRestarting }) {
                 #expect(f.reason == "lost the connection to the \(bus.address) bus (Disconnected)")
             }
             try bus.start()
@@ -116,13 +118,15 @@ extension SystemdTests {
             let bus = try PrivateBus()
             bus.kill()
             let h = try Harness(BusWatcher(wants: [.name(.init(bus: bus.busAddress, name: service))]))
-            try h.run(until: { h.names.count == 1 })
+            try h.run(until: { !h.names.isEmpty })
             guard case .failed(let f) = h.names.first else { Issue.record("\(h.names)"); return }
             #expect(f.operation == "sd_bus_start")
             try h.run(for: .milliseconds(400))
-            #expect(h.names.count == 1)
+            // One failure; each refused reconnect is a `.restarting`.
+            #expect(h.names.filter { !$0.isRestarting }.count == 1)
+            #expect(h.names.filter(\.isRestarting).count >= 2)
             try bus.start()
-            try h.run(until: { h.names.count == 2 }, timeout: .seconds(10))
+            try h.run(until: { h.names.filter { !$0.isRestarting }.count == 2 }, timeout: .seconds(10))
             #expect(h.names.last == .vanished)
         }
 
@@ -216,6 +220,7 @@ extension SystemdTests {
                 switch e {
                 case .received(let s): "\(s.arguments.count) args, first \(s.arguments.first?.type.description ?? "-")"
                 case .failed(let f): "failed \(f)"
+                case .restarting(let n, _): "restarting \(n)"
                 }
             }
             #expect(summary == ["1 args, first as", "1 args, first v", "1 args, first s"])

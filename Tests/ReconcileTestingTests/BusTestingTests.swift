@@ -34,6 +34,8 @@ struct SleepAware: Program {
             m.peerState = v.string
         case .peer(.vanished):
             m.peerState = nil
+        case .sleep(.restarting), .peer(.restarting):
+            break
         case .reported(.success(let r)):
             m.report = r
         case .reported(.failure(let e)):

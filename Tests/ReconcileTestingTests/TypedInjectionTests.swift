@@ -16,7 +16,7 @@ struct Watcher: Program {
         case .file(let e): model.events.append("\(e)")
         case .net(.changed(let c)): model.online = c.state.online
         case .net(.failed): model.online = nil
-        case .ignored: break
+        case .net(.restarting), .ignored: break
         }
         return []
     }

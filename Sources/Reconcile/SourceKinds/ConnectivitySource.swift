@@ -58,17 +58,31 @@ public enum ConnectivitySource: Source {
         /// What wakes the program (default `.full`: any change of `State`).
         /// Changes in place, without a restart.
         public var granularity: Granularity
+        /// How the backend retries after a failure: the kernel backend's
+        /// resync after a lost or refused dump, the networkd backend's
+        /// reconnect to the system bus (`defaultRetry` unless told otherwise).
+        public var restart: RestartPolicy
 
         /// A watch on `backend` over the interfaces `include`/`exclude` admit, reporting after `settle`
         /// the changes `granularity` distinguishes.
+        /// - Parameters:
+        ///   - backend: The backend.
+        ///   - include: Interface name globs to include (empty: all but loopback).
+        ///   - exclude: Interface name globs to exclude.
+        ///   - settle: How long a state must hold before it is reported.
+        ///   - receiveBuffer: The kernel backend's socket receive buffer.
+        ///   - granularity: What wakes the program.
+        ///   - restart: How the backend retries after a failure.
         public init(backend: Backend = .auto, include: [String] = [], exclude: [String] = [],
-                    settle: Duration? = nil, receiveBuffer: Int? = nil, granularity: Granularity = .full) {
+                    settle: Duration? = nil, receiveBuffer: Int? = nil, granularity: Granularity = .full,
+                    restart: RestartPolicy = ConnectivitySource.defaultRetry) {
             self.backend = backend
             self.include = include
             self.exclude = exclude
             self.settle = settle
             self.receiveBuffer = receiveBuffer
             self.granularity = granularity
+            self.restart = restart
         }
 
         /// Whether interface `name` passes the filters.
@@ -85,6 +99,7 @@ public enum ConnectivitySource: Source {
             if let settle { parts.append("settle \(settle.short)") }
             if let receiveBuffer { parts.append("rcvbuf \(receiveBuffer)") }
             if granularity != .full { parts.append("granularity \(granularity.rawValue)") }
+            if restart != ConnectivitySource.defaultRetry { parts.append("restart \(restart)") }
             return parts.joined(separator: " ")
         }
     }
@@ -190,7 +205,18 @@ public enum ConnectivitySource: Source {
         /// The backend failed (no bus, networkd gone, socket error). The
         /// source keeps trying and reports `.changed` when it recovers.
         case failed(SourceFailure)
+        /// The backend tries again (attempt `attempt`) after `after`, by the
+        /// restart policy: the kernel backend's resync, the networkd
+        /// backend's reconnect. Added with restart policies: an exhaustive
+        /// `switch` needs this case.
+        case restarting(attempt: Int, after: Duration)
     }
+
+    /// The retry a connectivity watch gets unless told otherwise: 100 ms
+    /// doubling to 5 s, no jitter, no cap (it retries as long as it is
+    /// wanted). With `.never` a failed backend stays failed until its
+    /// subscription changes; at a cap it reports one last failure.
+    public static let defaultRetry = RestartPolicy.backoff(Backoff(initial: .milliseconds(100), factor: 2, maximum: .seconds(5)))
 
     /// `.failed(failure)`.
     public static func failed(_ failure: SourceFailure) -> Event { .failed(failure) }
@@ -198,7 +224,7 @@ public enum ConnectivitySource: Source {
     /// Filters, settle and granularity change in place; a backend or
     /// receive buffer change restarts.
     public static func canRetune(from old: Configuration, to new: Configuration) -> Bool {
-        old.backend == new.backend && old.receiveBuffer == new.receiveBuffer
+        old.backend == new.backend && old.receiveBuffer == new.receiveBuffer && old.restart == new.restart
     }
 }
 

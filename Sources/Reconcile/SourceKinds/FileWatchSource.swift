@@ -5,7 +5,11 @@
 /// replaced or re-pointed directory or symlink on the way makes the watch
 /// follow what the path names now. Atomic replace by `rename` is seen.
 /// Deletion and re-creation are events. A watch that cannot be armed reports
-/// `.failed` once and retries by itself with a bounded backoff.
+/// `.failed` once and retries by itself under its restart policy
+/// (`defaultRetry` unless told otherwise: 100 ms doubling to 10 s, no cap),
+/// each retry announced by `.restarting(attempt:after:)`; with `.never` it
+/// stays failed until its subscription changes, and at the policy's cap it
+/// reports one last failure and stops retrying.
 public enum FileWatchSource: Source {
     /// `file`.
     public static let name = "file"
@@ -30,19 +34,30 @@ public enum FileWatchSource: Source {
         /// it does as the watch is armed, so that a program reads a file
         /// only after its watch is in place (systemd's `PathExists=`).
         public var reportExisting: Bool
+        /// How a watch that cannot be armed retries (`defaultRetry`).
+        public var restart: RestartPolicy
 
         /// A watch on the absolute `path`, following symlinks unless told otherwise.
-        public init(path: String, symlinks: Symlinks = .follow, reportExisting: Bool = false) {
+        /// - Parameters:
+        ///   - path: The absolute path.
+        ///   - symlinks: The symlink policy for the last component.
+        ///   - reportExisting: Whether the first event says that the path exists.
+        ///   - restart: How a watch that cannot be armed retries.
+        public init(path: String, symlinks: Symlinks = .follow, reportExisting: Bool = false,
+                    restart: RestartPolicy = FileWatchSource.defaultRetry) {
             self.path = path
             self.symlinks = symlinks
             self.reportExisting = reportExisting
+            self.restart = restart
         }
 
-        /// The path, with its flags (`no-follow`, `report-existing`) when set.
+        /// The path, with its flags (`no-follow`, `report-existing`, a
+        /// restart policy other than the default) when set.
         public var description: String {
             var flags: [String] = []
             if symlinks == .noFollow { flags.append("no-follow") }
             if reportExisting { flags.append("report-existing") }
+            if restart != FileWatchSource.defaultRetry { flags.append("restart \(restart)") }
             return flags.isEmpty ? path : "\(path) (\(flags.joined(separator: ", ")))"
         }
     }
@@ -71,7 +86,15 @@ public enum FileWatchSource: Source {
         /// The source retries with a bounded backoff and reports `.exists`
         /// (or `.deleted`) once it is armed again.
         case failed(SourceFailure)
+        /// The watch tries to arm itself again (attempt `attempt` of this
+        /// failure) after `after`, by its restart policy. Added with restart
+        /// policies: an exhaustive `switch` needs this case.
+        case restarting(attempt: Int, after: Duration)
     }
+
+    /// The retry a watch gets unless told otherwise: 100 ms doubling to
+    /// 10 s, no jitter, no cap (it retries as long as it is wanted).
+    public static let defaultRetry = RestartPolicy.backoff(Backoff(initial: .milliseconds(100), factor: 2, maximum: .seconds(10)))
 
     /// `.failed(failure)`.
     public static func failed(_ failure: SourceFailure) -> Event { .failed(failure) }
@@ -79,20 +102,35 @@ public enum FileWatchSource: Source {
 
 extension Subscription {
     /// A watch on `path`, keyed by the path unless `key` is given.
+    ///
+    /// - Parameters:
+    ///   - path: the absolute path.
+    ///   - symlinks: the symlink policy for the last component.
+    ///   - reportExisting: whether the first event says that the path exists.
+    ///   - restart: how a watch that cannot be armed retries (`FileWatchSource.defaultRetry`).
+    ///   - tag: makes a message of each event.
     public static func watch(
         _ path: String, symlinks: FileWatchSource.Symlinks = .follow, reportExisting: Bool = false,
-        _ tag: @escaping (FileWatchSource.Event) -> Message
+        restart: RestartPolicy = FileWatchSource.defaultRetry, _ tag: @escaping (FileWatchSource.Event) -> Message
     ) -> Subscription {
         Subscription(FileWatchSource.self, key: path,
-                     configuration: .init(path: path, symlinks: symlinks, reportExisting: reportExisting), tag: tag)
+                     configuration: .init(path: path, symlinks: symlinks, reportExisting: reportExisting, restart: restart), tag: tag)
     }
 
     /// A watch on `path` keyed by `key` (changing the path restarts the watch).
+    ///
+    /// - Parameters:
+    ///   - path: the absolute path.
+    ///   - key: the subscription's identity.
+    ///   - symlinks: the symlink policy for the last component.
+    ///   - reportExisting: whether the first event says that the path exists.
+    ///   - restart: how a watch that cannot be armed retries (`FileWatchSource.defaultRetry`).
+    ///   - tag: makes a message of each event.
     public static func watch<Key: Hashable & Sendable>(
         _ path: String, key: Key, symlinks: FileWatchSource.Symlinks = .follow, reportExisting: Bool = false,
-        _ tag: @escaping (FileWatchSource.Event) -> Message
+        restart: RestartPolicy = FileWatchSource.defaultRetry, _ tag: @escaping (FileWatchSource.Event) -> Message
     ) -> Subscription {
         Subscription(FileWatchSource.self, key: key,
-                     configuration: .init(path: path, symlinks: symlinks, reportExisting: reportExisting), tag: tag)
+                     configuration: .init(path: path, symlinks: symlinks, reportExisting: reportExisting, restart: restart), tag: tag)
     }
 }

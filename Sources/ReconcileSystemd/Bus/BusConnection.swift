@@ -9,6 +9,62 @@ protocol BusConnectionClient: AnyObject {
     func busConnected(_ connection: BusConnection)
     /// The connection is missing or lost; every slot on it is already gone.
     func busLost(_ failure: SourceFailure)
+    /// The client's own decision about the next reconnect at `now` (its
+    /// restart policy's schedule), or nil: it has no policy of its own and
+    /// follows the connection's default (`BusAddress.defaultReconnect`).
+    func reconnectDecision(at now: Duration) -> RestartSchedule.Decision?
+    /// The reconnect is armed after `delay` (the shortest any client asked
+    /// for); `decision` is what this client decided.
+    func busReconnecting(_ decision: RestartSchedule.Decision, after delay: Duration)
+    /// The bus answered its first call since the connection came up: the
+    /// client's schedule starts from its first delay again.
+    func busAnswered()
+}
+
+extension BusConnectionClient {
+    func reconnectDecision(at now: Duration) -> RestartSchedule.Decision? { nil }
+    func busReconnecting(_ decision: RestartSchedule.Decision, after delay: Duration) {}
+    func busAnswered() {}
+}
+
+/// A bus source's side of its restart policy: its own schedule, whether it
+/// gave up (then it ignores the bus until its subscription changes).
+struct BusReconnects {
+    private var schedule: RestartSchedule?
+    /// It follows the bus no more: `.never` after a loss, or its cap reached.
+    private(set) var gaveUp = false
+
+    init(_ policy: RestartPolicy) {
+        if case .backoff(let b) = policy { schedule = RestartSchedule(b) }
+    }
+
+    /// The decision after a loss at `now` (`.giveUp(0, 0)` for `.never`).
+    mutating func decide(at now: Duration) -> RestartSchedule.Decision {
+        guard !gaveUp, var s = schedule else {
+            gaveUp = true
+            return .giveUp(attempts: 0, within: .zero)
+        }
+        var random = SystemRandomNumberGenerator()
+        let d = s.next(at: now, random: &random)
+        schedule = s
+        if case .giveUp = d { gaveUp = true }
+        return d
+    }
+
+    /// The bus answered: the next loss waits the first delay again.
+    mutating func recovered() { schedule?.recovered() }
+
+    /// What the source emits for `decision` with the connection's `delay`:
+    /// `.restarting`, a last failure at the cap, nothing for `.never`.
+    func report(_ decision: RestartSchedule.Decision, after delay: Duration, source: String) -> Result<(Int, Duration), SourceFailure>? {
+        switch decision {
+        case .restart(let n, _): return .success((n, delay))
+        case .giveUp(0, _): return nil
+        case .giveUp(let n, let window):
+            return .failure(SourceFailure(operation: "reconnect \(source)",
+                                          reason: "gave up after \(n) reconnects within \(window) (the restart policy's cap); the source stays failed until its subscription changes"))
+        }
+    }
 }
 
 /// Told when a watched name's owner changes (nil: no owner).
@@ -23,13 +79,20 @@ protocol BusNameObserver: AnyObject {
 /// It connects when the first source or call needs it and stays open while
 /// the driver is attached. A bus that is missing at start, or lost later
 /// (sd-bus's local `Disconnected` signal), is one failure event on every
-/// source, then a reconnect on the project's backoff (`RetryTimer`, 100 ms
-/// doubling to 5 s) after which every source re-adds its matches and reads
-/// again. Names are tracked here once per name for all sources
+/// source, then a reconnect on the restart mechanism's backoff (the
+/// shortest delay its sources' policies ask for; by default
+/// `BusAddress.defaultReconnect`, 100 ms doubling to 5 s), each attempt a
+/// `.restarting` on the sources, after which every source re-adds its
+/// matches and reads again. Names are tracked here once per name for all sources
 /// (NameOwnerChanged plus GetNameOwner), so owner checks compare unique names.
 final class BusConnection {
-    /// Reconnect delays: 100 ms, 200 ms, ... at most 5 s.
-    static let reconnectInitial: UInt64 = 100_000, reconnectMaximum: UInt64 = 5_000_000
+    /// Reconnect delays: 100 ms, 200 ms, ... at most 5 s (`BusAddress.defaultReconnect`).
+    static let defaultBackoff: Backoff = {
+        guard case .backoff(let b) = BusAddress.defaultReconnect else { return Backoff(initial: .milliseconds(100), maximum: .seconds(5)) }
+        return b
+    }()
+    static let reconnectInitial = UInt64(defaultBackoff.initial.saturatingMicroseconds)
+    static let reconnectMaximum = UInt64(defaultBackoff.maximum.saturatingMicroseconds)
     /// How long a new connection may take to answer its first call.
     static let answerTimeout: UInt64 = 5_000_000
 
@@ -40,7 +103,9 @@ final class BusConnection {
     private(set) var handle: OpaquePointer?
     private var localSlot: OpaquePointer?
     private var answerTimer: EventSource?
-    private lazy var retry = RetryTimer(loop: loop, initial: Self.reconnectInitial, maximum: Self.reconnectMaximum) { [unowned self] in
+    /// The connection's own schedule (`BusAddress.defaultReconnect`), for
+    /// clients without a policy of their own.
+    private lazy var retry = RetryTimer(loop: loop, backoff: Self.defaultBackoff) { [unowned self] in
         connect()
     }
     private var attempts = 0
@@ -182,6 +247,7 @@ final class BusConnection {
                 answerTimer?.close(); answerTimer = nil
                 retry.reset()
                 attempts = 0
+                for c in Array(clients.values) { c.client.busAnswered() }
             case .failure(let e):
                 guard e.name != BusError.disconnected else { return }   // Disconnected follows
                 lose(SourceFailure(operation: "GetId", reason: "the \(address) bus did not answer: \(e.message)"))
@@ -226,15 +292,45 @@ final class BusConnection {
         }
     }
 
+    /// Arms the reconnect after the shortest delay its clients ask for:
+    /// each client with a restart policy decides by its own schedule, the
+    /// others (and a connection with no client) by the connection's own
+    /// (`BusAddress.defaultReconnect`). When every client gave up, nothing
+    /// is armed: the next source or call connects at once.
     private func scheduleReconnect() {
         guard !closed, !retry.isArmed else { return }
-        do {
-            let delay = try retry.schedule()
-            attempts += 1
-            logger.info("bus: reconnecting to the \(address) bus in \(delay / 1000) ms (attempt \(attempts))",
-                        ["RECONNECT_ATTEMPT": "\(attempts)", "RECONNECT_DELAY_USEC": "\(delay)"])
-        } catch {
-            logger.warning("bus: cannot schedule a reconnect to the \(address) bus: \(error)")
+        let now = Duration.microseconds(Int64(clamping: loop.now(CLOCK_MONOTONIC)))
+        var decisions: [(Client, RestartSchedule.Decision)] = []
+        var shortest: Duration?
+        var followsDefault = clients.isEmpty
+        for c in Array(clients.values) {
+            guard let d = c.client.reconnectDecision(at: now) else {
+                followsDefault = true
+                continue
+            }
+            decisions.append((c, d))
+            if case .restart(_, let after) = d { shortest = min(shortest ?? after, after) }
+        }
+        if followsDefault {
+            let d = retry.nextDelay()
+            shortest = min(shortest ?? d, d)
+        }
+        var armed: Duration?
+        if let shortest {
+            do {
+                let delay = try retry.arm(after: shortest)
+                armed = shortest
+                attempts += 1
+                logger.info("bus: reconnecting to the \(address) bus in \(delay / 1000) ms (attempt \(attempts))",
+                            ["RECONNECT_ATTEMPT": "\(attempts)", "RECONNECT_DELAY_USEC": "\(delay)"])
+            } catch {
+                logger.warning("bus: cannot schedule a reconnect to the \(address) bus: \(error)")
+            }
+        }
+        // Each call may stop sources (the program reacts at once).
+        for (c, d) in decisions where clients[ObjectIdentifier(c.client)] === c {
+            if case .restart = d, armed == nil { continue }
+            c.client.busReconnecting(d, after: armed ?? .zero)
         }
     }
 

@@ -42,11 +42,15 @@ final class BusSignalRunner: RunningSource, BusConnectionClient, BusNameObserver
     private var expectedSender: String?
     private let tracksOwner: Bool
     private var stopped = false
+    private var reconnects: BusReconnects
+    /// It left the connection (stopped, or gave up reconnecting).
+    private var left = false
 
     init(ticket: SourceTicket, configuration: BusSignalSource.Configuration, connection: BusConnection) {
         self.ticket = ticket
         self.configuration = configuration
         self.connection = connection
+        reconnects = BusReconnects(configuration.restart)
         tracksOwner = configuration.sender.map(isWellKnown) ?? false
         if !tracksOwner { expectedSender = configuration.sender }
         if tracksOwner, let sender = configuration.sender { connection.watchName(sender, self) }
@@ -62,6 +66,28 @@ final class BusSignalRunner: RunningSource, BusConnectionClient, BusNameObserver
     }
 
     func ownerChanged(_ name: String, to owner: String?) { expectedSender = owner }
+
+    func reconnectDecision(at now: Duration) -> RestartSchedule.Decision? { reconnects.decide(at: now) }
+
+    func busReconnecting(_ decision: RestartSchedule.Decision, after delay: Duration) {
+        guard !stopped else { return }
+        switch reconnects.report(decision, after: delay, source: "bus-signal \(configuration.rule)") {
+        case .success(let (n, after))?: ticket.emit(BusSignalSource.Event.restarting(attempt: n, after: after))
+        case .failure(let f)?: leave(); ticket.fail(f)
+        case nil: leave()
+        }
+    }
+
+    func busAnswered() { reconnects.recovered() }
+
+    /// Gave up: follows the bus no more (until its subscription changes).
+    private func leave() {
+        guard !left else { return }
+        left = true
+        releaseMatch()
+        connection.unregister(self)
+        if tracksOwner, let sender = configuration.sender { connection.unwatchName(sender, self) }
+    }
 
     private func addMatch() {
         guard !stopped, slot == nil else { return }
@@ -119,9 +145,7 @@ final class BusSignalRunner: RunningSource, BusConnectionClient, BusNameObserver
     func stop() {
         guard !stopped else { return }
         stopped = true
-        releaseMatch()
-        connection.unregister(self)
-        if tracksOwner, let sender = configuration.sender { connection.unwatchName(sender, self) }
+        leave()
     }
 
     deinit { stop() }
@@ -135,11 +159,15 @@ final class BusNameRunner: RunningSource, BusConnectionClient, BusNameObserver {
     /// What was last reported: nil nothing (or a failure since).
     private var reported: String??
     private var stopped = false
+    private var reconnects: BusReconnects
+    /// It left the connection (stopped, or gave up reconnecting).
+    private var left = false
 
     init(ticket: SourceTicket, configuration: BusNameSource.Configuration, connection: BusConnection) {
         self.ticket = ticket
         self.configuration = configuration
         self.connection = connection
+        reconnects = BusReconnects(configuration.restart)
         connection.register(self)
         connection.watchName(configuration.name, self)
     }
@@ -157,13 +185,33 @@ final class BusNameRunner: RunningSource, BusConnectionClient, BusNameObserver {
         ticket.emit(owner.map { BusNameSource.Event.appeared(owner: $0) } ?? .vanished)
     }
 
+    func reconnectDecision(at now: Duration) -> RestartSchedule.Decision? { reconnects.decide(at: now) }
+
+    func busReconnecting(_ decision: RestartSchedule.Decision, after delay: Duration) {
+        guard !stopped else { return }
+        switch reconnects.report(decision, after: delay, source: "bus-name \(configuration.name)") {
+        case .success(let (n, after))?: ticket.emit(BusNameSource.Event.restarting(attempt: n, after: after))
+        case .failure(let f)?: leave(); ticket.fail(f)
+        case nil: leave()
+        }
+    }
+
+    func busAnswered() { reconnects.recovered() }
+
+    /// Gave up (or stopped): follows the bus no more.
+    private func leave() {
+        guard !left else { return }
+        left = true
+        connection.unregister(self)
+        connection.unwatchName(configuration.name, self)
+    }
+
     func retune(to configuration: AnyHashable) throws {}
 
     func stop() {
         guard !stopped else { return }
         stopped = true
-        connection.unregister(self)
-        connection.unwatchName(configuration.name, self)
+        leave()
     }
 
     deinit { stop() }
@@ -183,11 +231,15 @@ final class BusPropertyRunner: RunningSource, BusConnectionClient, BusNameObserv
     private var vanishedReported = false
     private var read: BusPendingCall?
     private var stopped = false
+    private var reconnects: BusReconnects
+    /// It left the connection (stopped, or gave up reconnecting).
+    private var left = false
 
     init(ticket: SourceTicket, configuration: BusPropertySource.Configuration, connection: BusConnection) {
         self.ticket = ticket
         self.configuration = configuration
         self.connection = connection
+        reconnects = BusReconnects(configuration.restart)
         connection.register(self)
         connection.watchName(configuration.service, self)
     }
@@ -288,16 +340,37 @@ final class BusPropertyRunner: RunningSource, BusConnectionClient, BusNameObserv
         ticket.emit(BusPropertySource.Event.value(value))
     }
 
-    func retune(to configuration: AnyHashable) throws {}
+    func reconnectDecision(at now: Duration) -> RestartSchedule.Decision? { reconnects.decide(at: now) }
 
-    func stop() {
+    func busReconnecting(_ decision: RestartSchedule.Decision, after delay: Duration) {
         guard !stopped else { return }
-        stopped = true
+        let c = configuration
+        switch reconnects.report(decision, after: delay, source: "bus-property \(c.service) \(c.interface).\(c.property)") {
+        case .success(let (n, after))?: ticket.emit(BusPropertySource.Event.restarting(attempt: n, after: after))
+        case .failure(let f)?: leave(); ticket.fail(f)
+        case nil: leave()
+        }
+    }
+
+    func busAnswered() { reconnects.recovered() }
+
+    /// Gave up (or stopped): follows the bus no more.
+    private func leave() {
+        guard !left else { return }
+        left = true
         read?.cancel(); read = nil
         if let slot { connection.removeMatch(slot) }
         slot = nil
         connection.unregister(self)
         connection.unwatchName(configuration.service, self)
+    }
+
+    func retune(to configuration: AnyHashable) throws {}
+
+    func stop() {
+        guard !stopped else { return }
+        stopped = true
+        leave()
     }
 
     deinit { stop() }

@@ -69,6 +69,11 @@ final class ConnectivityReporter {
         ticket.fail(failure)
     }
 
+    /// The backend retries (attempt `attempt`) after `after`.
+    func restarting(attempt: Int, after: Duration) {
+        ticket.emit(ConnectivitySource.Event.restarting(attempt: attempt, after: after))
+    }
+
     /// New filters, settle or granularity: the backend recomputes and offers
     /// again (a finer granularity then reports what the coarser one held back).
     func retune(_ c: ConnectivitySource.Configuration) {

@@ -12,9 +12,9 @@ final class KernelConnectivity: RunningSource {
         let reporter = ConnectivityReporter(ticket: ticket, configuration: configuration, loop: context.loop)
         self.reporter = reporter
         watcher = try NetlinkWatcher(
-            receiveBuffer: configuration.receiveBuffer, loop: context.loop, logger: context.logger,
+            receiveBuffer: configuration.receiveBuffer, loop: context.loop, logger: context.logger, restart: configuration.restart,
             onTable: { table in reporter.offer(table.state(admits: reporter.configuration.admits, backend: .kernel)) },
-            onFailure: { reporter.fail($0) })
+            onFailure: { reporter.fail($0) }, onRestarting: { reporter.restarting(attempt: $0, after: $1) })
     }
 
     func retune(to configuration: AnyHashable) throws {
@@ -52,14 +52,18 @@ final class KernelConnectivity: RunningSource {
 /// the resync (a persistent error cannot spin the loop), and the resync
 /// rebuilds whatever the lost messages said.
 final class NetlinkWatcher {
-    /// The resync retry's first delay and its ceiling (microseconds).
-    static let retryInitial: UInt64 = 100_000, retryMaximum: UInt64 = 5_000_000
 
     private let onTable: (LinkTable) -> Void
     private let onFailure: (SourceFailure) -> Void
     private let logger: DaemonLogger
     private let loop: EventLoop
-    private lazy var retry = RetryTimer(loop: loop, initial: Self.retryInitial, maximum: Self.retryMaximum) { [unowned self] in
+    private let restart: RestartPolicy
+    private let onRestarting: (Int, Duration) -> Void
+    /// The restart policy's cap was reached: no resync is scheduled any more.
+    private var gaveUp = false
+    private lazy var retry = RetryTimer(loop: loop, backoff: {
+        if case .backoff(let b) = restart { b } else { Backoff(initial: .zero, maximum: .zero) }
+    }(), capped: true) { [unowned self] in
         resync()
     }
     /// A resync was started at once because its timer could not be made
@@ -106,10 +110,13 @@ final class NetlinkWatcher {
 
     /// Opens the sockets and starts the first dumps; `onTable` gets the table
     /// after every batch that leaves no dump under way.
-    init(receiveBuffer: Int?, loop: EventLoop, logger: DaemonLogger,
-         onTable: @escaping (LinkTable) -> Void, onFailure: @escaping (SourceFailure) -> Void) throws {
+    init(receiveBuffer: Int?, loop: EventLoop, logger: DaemonLogger, restart: RestartPolicy = ConnectivitySource.defaultRetry,
+         onTable: @escaping (LinkTable) -> Void, onFailure: @escaping (SourceFailure) -> Void,
+         onRestarting: @escaping (Int, Duration) -> Void = { _, _ in }) throws {
         self.onTable = onTable
         self.onFailure = onFailure
+        self.restart = restart
+        self.onRestarting = onRestarting
         self.logger = logger
         self.loop = loop
         let flags = Int32(SOCK_RAW.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
@@ -232,12 +239,21 @@ final class NetlinkWatcher {
         routeDumpWanted = false
         resyncing = true
         onFailure(failure)
-        // The program may have stopped this watcher: then nothing is retried.
-        guard !stopped, !retry.isArmed else { return }
+        // The program may have stopped this watcher: then nothing is retried
+        // (nor with `.never`, nor once the policy's cap was reached).
+        guard !stopped, !retry.isArmed, !gaveUp, case .backoff = restart else { return }
         do {
-            let delay = try retry.schedule()
-            retries += 1
-            logger.warning("connectivity: \(failure), resyncing in \(delay / 1000) ms", ["RETRY": "\(retries)"])
+            switch retry.decide() {
+            case .restart(let n, let after):
+                let delay = try retry.arm(after: after)
+                retries += 1
+                logger.warning("connectivity: \(failure), resyncing in \(delay / 1000) ms", ["RETRY": "\(retries)"])
+                onRestarting(n, after)
+            case .giveUp(let n, let window):
+                gaveUp = true
+                onFailure(SourceFailure(operation: "resync", code: failure.code,
+                                        reason: "gave up after \(n) resyncs within \(window) (the restart policy's cap); the kernel backend stays stale"))
+            }
         } catch {
             onFailure(SourceFailure(operation: error.function, code: error.errno,
                                     reason: "cannot schedule the netlink resync; the kernel backend stays stale"))
@@ -374,6 +390,7 @@ final class NetlinkWatcher {
             // not keep the retry at its first delay).
             resyncing = false
             retry.reset()
+            gaveUp = false
             resyncedWithoutTimer = false
         }
         if routeDumpWanted {

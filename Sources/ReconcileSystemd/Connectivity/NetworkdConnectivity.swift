@@ -70,8 +70,10 @@ private func retire(_ bus: SystemBus, slots: [OpaquePointer], inItsCallback: Boo
 /// owner changes (networkd restarted). No bus, or no networkd, is a failure
 /// event. A bus that is lost or never answers is the connection's failure,
 /// reported once per outage; the connection reconnects on the restart
-/// mechanism's backoff (`RetryTimer`: 100 ms doubling to 5 s), and the
-/// backend re-adds its match and re-reads everything when it is back.
+/// mechanism's backoff (the shortest delay its sources' policies ask for;
+/// this one's is the configuration's `restart`, each attempt a
+/// `.restarting`), and the backend re-adds its match and re-reads
+/// everything when it is back. With `.never`, or at its cap, it stays failed.
 final class NetworkdConnectivity: RunningSource, BusConnectionClient, BusNameObserver {
     /// Reconnect delays (the shared connection's): 100 ms, 200 ms, ... at most 5 s.
     static let reconnectInitial = BusConnection.reconnectInitial, reconnectMaximum = BusConnection.reconnectMaximum
@@ -90,11 +92,15 @@ final class NetworkdConnectivity: RunningSource, BusConnectionClient, BusNameObs
     private var stopped = false
     /// The kernel's per-interface detail and default route, beside networkd's verdict.
     private var kernel: NetlinkWatcher?
+    private var reconnects: BusReconnects
+    /// It left the connection (stopped, or gave up reconnecting).
+    private var left = false
 
     init(ticket: SourceTicket, configuration: ConnectivitySource.Configuration, context: SourceContext) {
         reporter = ConnectivityReporter(ticket: ticket, configuration: configuration, loop: context.loop)
         logger = context.logger
         connection = context.driver.buses.connection(.system)
+        reconnects = BusReconnects(configuration.restart)
         do {
             kernel = try NetlinkWatcher(receiveBuffer: configuration.receiveBuffer, loop: context.loop, logger: context.logger,
                                         onTable: { [weak self] _ in self?.report() }, onFailure: { [weak self] f in
@@ -119,6 +125,30 @@ final class NetworkdConnectivity: RunningSource, BusConnectionClient, BusNameObs
         } catch {
             reporter.fail(error.failure)
         }
+    }
+
+    func reconnectDecision(at now: Duration) -> RestartSchedule.Decision? { reconnects.decide(at: now) }
+
+    func busReconnecting(_ decision: RestartSchedule.Decision, after delay: Duration) {
+        guard !stopped else { return }
+        switch reconnects.report(decision, after: delay, source: "connectivity networkd") {
+        case .success(let (n, after))?: reporter.restarting(attempt: n, after: after)
+        case .failure(let f)?: leave(); reporter.fail(f)
+        case nil: leave()
+        }
+    }
+
+    func busAnswered() { reconnects.recovered() }
+
+    /// Gave up (or stopped): follows the bus no more.
+    private func leave() {
+        guard !left else { return }
+        left = true
+        read?.cancel()
+        read = nil
+        releaseMatch()
+        connection.unwatchName(networkdName, self)
+        connection.unregister(self)
     }
 
     func busLost(_ failure: SourceFailure) {
@@ -214,11 +244,7 @@ final class NetworkdConnectivity: RunningSource, BusConnectionClient, BusNameObs
         reporter.stop()
         kernel?.stop()
         kernel = nil
-        read?.cancel()
-        read = nil
-        releaseMatch()
-        connection.unwatchName(networkdName, self)
-        connection.unregister(self)
+        leave()
     }
 }
 

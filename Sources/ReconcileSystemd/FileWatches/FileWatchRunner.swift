@@ -100,9 +100,6 @@ final class FileWatchRunner: DriverRunner {
     /// What the path names.
     typealias Target = PathTarget
 
-    /// The first retry after a failure, and the longest wait between retries.
-    static let firstRetryMicroseconds: UInt64 = 100_000
-    static let maximumRetryMicroseconds: UInt64 = 10_000_000
     /// Symlinks followed in one resolution before the path is taken to name
     /// nothing (the kernel's limit, `ELOOP`).
     static let maximumLinks = 40
@@ -136,8 +133,15 @@ final class FileWatchRunner: DriverRunner {
     private var flush: OpaquePointer?
     /// Started and not stopped since.
     private var running = false
-    /// Made at the first failure (most watches never fail).
+    /// Made at the first failure (most watches never fail), again when
+    /// a start's policy differs from its backoff.
     private var retry: RetryTimer?
+    /// The configuration's restart policy.
+    private var policy = FileWatchSource.defaultRetry
+    /// The policy's cap was reached in this failure: no more retries.
+    private var gaveUp = false
+    /// The retry armed since the last flush, to announce.
+    private var restartToReport: (attempt: Int, after: Duration)?
     /// What the path named when last resolved.
     private var target = Target.missing
     /// The failure reported for the current failed episode, if any.
@@ -178,6 +182,9 @@ final class FileWatchRunner: DriverRunner {
         target = .missing
         failure = nil
         failureToReport = nil
+        restartToReport = nil
+        gaveUp = false
+        policy = c.restart
         needsRearm = false
         touched = false
         retry?.reset()
@@ -429,6 +436,8 @@ final class FileWatchRunner: DriverRunner {
             let recovering = failure != nil
             if recovering {
                 failure = nil
+                gaveUp = false
+                restartToReport = nil
                 retry?.reset()
             }
             if let event = now.change(from: before, touched: wasTouched, recovering: recovering) { record(event) }
@@ -438,19 +447,32 @@ final class FileWatchRunner: DriverRunner {
     }
 
     /// Enters (or stays in) the failed state: reports a new failure once,
-    /// and retries after the current backoff.
+    /// and retries after the policy's next delay (announced by
+    /// `.restarting`); `.never`, or the cap reached, retries no more.
     private func fail(_ f: SourceFailure) {
         if failure != f { failureToReport = f }
         failure = f
-        do {
-            if retry == nil {
-                retry = RetryTimer(loop: loop, initial: Self.firstRetryMicroseconds, maximum: Self.maximumRetryMicroseconds) {
-                    [unowned self] in scheduleRearm()
-                }
+        guard case .backoff(let backoff) = policy, !gaveUp else { return }
+        if let r = retry, r.backoff != backoff {
+            r.close()
+            retry = nil
+        }
+        if retry == nil {
+            retry = RetryTimer(loop: loop, backoff: backoff, capped: true) { [unowned self] in scheduleRearm() }
+        }
+        switch retry!.decide() {
+        case .restart(let n, let after):
+            do {
+                try retry!.arm(after: after)
+                restartToReport = (n, after)
+            } catch {
+                failureToReport = SystemdError("\(error.function) (file watch retry)", errno: error.errno).failure
             }
-            try retry!.schedule()
-        } catch {
-            failureToReport = SystemdError("\(error.function) (file watch retry)", errno: error.errno).failure
+        case .giveUp(let n, let window):
+            gaveUp = true
+            restartToReport = nil
+            failureToReport = SourceFailure(operation: "watch \(path)", code: f.code,
+                                            reason: "gave up after \(n) retries within \(window) (the restart policy's cap): \(f.reason)")
         }
     }
 
@@ -467,6 +489,8 @@ final class FileWatchRunner: DriverRunner {
         let events = pending.take()
         let failed = failureToReport
         failureToReport = nil
+        let restart = restartToReport
+        restartToReport = nil
         let current = run
         // Stopped (or stopped and started again) by an earlier event's update: no more.
         var live: Bool { running && run == current }
@@ -475,6 +499,7 @@ final class FileWatchRunner: DriverRunner {
             ticket.emit(e)
         }
         if let failed, live, let ticket { ticket.fail(failed) }
+        if let restart, live, let ticket { ticket.emit(FileWatchSource.Event.restarting(attempt: restart.attempt, after: restart.after)) }
     }
 
     private func closeWatches() {

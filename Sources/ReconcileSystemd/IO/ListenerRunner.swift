@@ -3,10 +3,11 @@ import Glibc
 import Reconcile
 
 extension ListenerSource: SystemdSource {
-    /// Watches the listening socket with `sd_event_add_io` and accepts on it.
+    /// Watches the listening socket with `sd_event_add_io` and accepts on
+    /// it; a configuration with an `address` binds it first (`SocketActivation.bind`).
     ///
-    /// - Throws: `SourceFailure` when `fd` is not a listening socket or
-    ///   cannot be watched.
+    /// - Throws: `SourceFailure` when the address cannot be bound, or `fd`
+    ///   is not a listening socket or cannot be watched.
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
         try ListenerRunner(ticket: ticket, configuration: configuration, driver: context.driver)
     }
@@ -30,7 +31,15 @@ final class ListenerRunner: RunningSource {
         self.ticket = ticket
         self.configuration = configuration
         state = driver.io
-        let fd = configuration.fd
+        if let address = configuration.address {
+            // Bound here, owned by this attempt (a restart binds again).
+            do { self.configuration.fd = try SocketActivation.bind(address) } catch {
+                throw SourceFailure(operation: error.function, code: error.errno,
+                                    reason: "cannot listen on \(address): \(error.reason)")
+            }
+            self.configuration.ownsDescriptor = true
+        }
+        let fd = self.configuration.fd
         do {
             var listening: Int32 = 0
             var length = socklen_t(MemoryLayout<Int32>.size)
@@ -49,13 +58,14 @@ final class ListenerRunner: RunningSource {
             EventSource.account(s!)
             source = s
         } catch {
-            if configuration.ownsDescriptor { Glibc.close(fd) }
+            if self.configuration.ownsDescriptor { Glibc.close(fd) }
             throw error
         }
     }
 
+    /// Only the limit changes in place (the socket stays this runner's).
     func retune(to configuration: AnyHashable) throws {
-        if let c = configuration.base as? ListenerSource.Configuration { self.configuration = c }
+        if let c = configuration.base as? ListenerSource.Configuration { self.configuration.connectionLimit = c.connectionLimit }
     }
 
     func connectionEnded() { openCount -= 1 }

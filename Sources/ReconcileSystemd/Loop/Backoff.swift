@@ -82,25 +82,51 @@ final class RetryTimer {
                                                maximum: .microseconds(Int64(clamping: maximum))), action: action)
     }
 
+    /// The backoff its delays come from.
+    let backoff: Backoff
+    private let loop: EventLoop
+
     /// A retry with the delays of `backoff` (its jitter drawn from the
-    /// system's generator; its cap, if any, ignored: a retry never gives up).
-    init(loop: EventLoop, backoff: Backoff, action: @escaping () -> Void) {
-        var uncapped = backoff
-        uncapped.attempts = .max
-        delays = RestartSchedule(uncapped)
+    /// system's generator); its cap ignored unless `capped` (then
+    /// `decide()` gives up once it is reached).
+    init(loop: EventLoop, backoff: Backoff, capped: Bool = false, action: @escaping () -> Void) {
+        var schedule = backoff
+        if !capped { schedule.attempts = .max }
+        self.backoff = backoff
+        self.loop = loop
+        delays = RestartSchedule(schedule)
         timer = LoopTimer(loop: loop, action: action)
+    }
+
+    /// The schedule's decision now (the loop's monotonic time counts the
+    /// cap's window), not armed: `arm(after:)` the delay of a `.restart`.
+    func decide() -> RestartSchedule.Decision {
+        var random = SystemRandomNumberGenerator()
+        return delays.next(at: .microseconds(Int64(clamping: loop.now(CLOCK_MONOTONIC))), random: &random)
     }
 
     /// Arms the retry after the schedule's next delay (again, if one is
     /// armed) and returns that delay (µs).
     @discardableResult
     func schedule() throws(SystemdError) -> UInt64 {
+        try arm(after: nextDelay())
+    }
+
+    /// Draws the schedule's next delay (the attempt counts) without arming.
+    func nextDelay() -> Duration {
         var random = SystemRandomNumberGenerator()
-        guard case .restart(_, let after) = delays.next(at: .zero, random: &random) else { return lastDelay }
-        let delay = usec(after)
-        try timer.arm(microseconds: delay)
-        lastDelay = delay
-        return delay
+        guard case .restart(_, let after) = delays.next(at: .zero, random: &random) else { return .microseconds(Int64(clamping: lastDelay)) }
+        return after
+    }
+
+    /// Arms the retry after `delay` (one a caller's schedules chose, or
+    /// `nextDelay()`) and returns it (µs).
+    @discardableResult
+    func arm(after delay: Duration) throws(SystemdError) -> UInt64 {
+        let micros = usec(delay)
+        try timer.arm(microseconds: micros)
+        lastDelay = micros
+        return micros
     }
 
     /// The next retry comes after the first delay again (after a success).

@@ -16,6 +16,21 @@ public enum BusAddress: Hashable, Sendable, CustomStringConvertible {
         case .address(let a): a
         }
     }
+
+    /// The reconnect policy bus sources get unless told otherwise (the
+    /// connection's own: 100 ms doubling to 5 s, no jitter, no cap).
+    ///
+    /// One connection per bus is shared by every source on it, so it
+    /// reconnects after the shortest delay any of its sources asks for;
+    /// each source counts its own attempts (`.restarting(attempt:after:)`
+    /// says the connection's actual delay), gives up alone at its cap, and
+    /// with `.never` stays failed after the first loss.
+    public static let defaultReconnect = RestartPolicy.backoff(Backoff(initial: .milliseconds(100), factor: 2, maximum: .seconds(5)))
+}
+
+/// `" restart <policy>"` unless `policy` is the default reconnect.
+private func reconnectSuffix(_ policy: RestartPolicy) -> String {
+    policy == BusAddress.defaultReconnect ? "" : " restart \(policy)"
 }
 
 /// A signal received from the bus.
@@ -66,16 +81,28 @@ public enum BusSignalSource: Source {
         public var member: String?
         /// String argument matches (`arg0='org.example'`), by argument index (0...63).
         public var arguments: [Int: String]
+        /// Whether the match comes back after the bus was lost (see
+        /// `BusAddress.defaultReconnect`).
+        public var restart: RestartPolicy
 
         /// A match on `bus` for the given fields (nil: any).
+        /// - Parameters:
+        ///   - bus: The bus.
+        ///   - sender: The sender (a well-known name is owner-tracked); nil: any.
+        ///   - path: The object path; nil: any.
+        ///   - interface: The interface; nil: any.
+        ///   - member: The member; nil: any.
+        ///   - arguments: String argument matches by index.
+        ///   - restart: How it reconnects after the bus was lost.
         public init(bus: BusAddress, sender: String? = nil, path: String? = nil, interface: String? = nil,
-                    member: String? = nil, arguments: [Int: String] = [:]) {
+                    member: String? = nil, arguments: [Int: String] = [:], restart: RestartPolicy = BusAddress.defaultReconnect) {
             self.bus = bus
             self.sender = sender
             self.path = path
             self.interface = interface
             self.member = member
             self.arguments = arguments
+            self.restart = restart
         }
 
         /// The match rule as the bus daemon sees it (`type='signal',sender='...',...`).
@@ -90,7 +117,7 @@ public enum BusSignalSource: Source {
         }
 
         /// `bus rule`, as plans show it.
-        public var description: String { "\(bus) \(rule)" }
+        public var description: String { "\(bus) \(rule)" + reconnectSuffix(restart) }
 
         /// Whether `signal` matches this rule: path, interface, member and
         /// string arguments as the bus compares them; the sender when it is
@@ -117,6 +144,10 @@ public enum BusSignalSource: Source {
         /// its match), the match was refused, or a signal could not be
         /// decoded (that signal is skipped).
         case failed(SourceFailure)
+        /// After a lost or missing bus: reconnect attempt `attempt` comes
+        /// after `after` (the shared connection's delay). Added with restart
+        /// policies: an exhaustive `switch` needs this case.
+        case restarting(attempt: Int, after: Duration)
     }
 
     /// `.failed(failure)`.
@@ -125,7 +156,7 @@ public enum BusSignalSource: Source {
     /// Path, interface, member and argument filters change in place (the
     /// match is swapped); a new bus or sender restarts.
     public static func canRetune(from old: Configuration, to new: Configuration) -> Bool {
-        old.bus == new.bus && old.sender == new.sender
+        old.bus == new.bus && old.sender == new.sender && old.restart == new.restart
     }
 }
 
@@ -140,15 +171,23 @@ public enum BusNameSource: Source {
         public var bus: BusAddress
         /// The well-known name (`org.freedesktop.login1`).
         public var name: String
+        /// Whether the watch comes back after the bus was lost (see
+        /// `BusAddress.defaultReconnect`).
+        public var restart: RestartPolicy
 
         /// A watch of `name` on `bus`.
-        public init(bus: BusAddress, name: String) {
+        /// - Parameters:
+        ///   - bus: The bus.
+        ///   - name: The well-known name.
+        ///   - restart: How it reconnects after the bus was lost.
+        public init(bus: BusAddress, name: String, restart: RestartPolicy = BusAddress.defaultReconnect) {
             self.bus = bus
             self.name = name
+            self.restart = restart
         }
 
         /// `bus name`.
-        public var description: String { "\(bus) \(name)" }
+        public var description: String { "\(bus) \(name)" + reconnectSuffix(restart) }
     }
 
     /// What a name watch reports; the first event is the current state.
@@ -160,6 +199,10 @@ public enum BusNameSource: Source {
         /// The bus is missing or was lost; the source reconnects and reports
         /// the state again.
         case failed(SourceFailure)
+        /// After a lost or missing bus: reconnect attempt `attempt` comes
+        /// after `after`. Added with restart policies: an exhaustive
+        /// `switch` needs this case.
+        case restarting(attempt: Int, after: Duration)
     }
 
     /// `.failed(failure)`.
@@ -189,20 +232,33 @@ public enum BusPropertySource: Source {
         /// The type the program expects; a value of another type is a
         /// failure event, not a value (nil: any type).
         public var type: BusType?
+        /// Whether the watch comes back after the bus was lost (see
+        /// `BusAddress.defaultReconnect`).
+        public var restart: RestartPolicy
 
         /// A watch of `interface.property` on `service`'s object `path`.
-        public init(bus: BusAddress, service: String, path: String, interface: String, property: String, type: BusType? = nil) {
+        /// - Parameters:
+        ///   - bus: The bus.
+        ///   - service: The service's well-known (or unique) name.
+        ///   - path: The object path.
+        ///   - interface: The property's interface.
+        ///   - property: The property's name.
+        ///   - type: The type the program expects (nil: any).
+        ///   - restart: How it reconnects after the bus was lost.
+        public init(bus: BusAddress, service: String, path: String, interface: String, property: String, type: BusType? = nil,
+                    restart: RestartPolicy = BusAddress.defaultReconnect) {
             self.bus = bus
             self.service = service
             self.path = path
             self.interface = interface
             self.property = property
             self.type = type
+            self.restart = restart
         }
 
         /// `bus service path interface.property`.
         public var description: String {
-            "\(bus) \(service) \(path) \(interface).\(property)" + (type.map { " as \($0)" } ?? "")
+            "\(bus) \(service) \(path) \(interface).\(property)" + (type.map { " as \($0)" } ?? "") + reconnectSuffix(restart)
         }
     }
 
@@ -215,6 +271,10 @@ public enum BusPropertySource: Source {
         /// The bus is missing or lost, the read failed, or the value is not
         /// of the expected type.
         case failed(SourceFailure)
+        /// After a lost or missing bus: reconnect attempt `attempt` comes
+        /// after `after`. Added with restart policies: an exhaustive
+        /// `switch` needs this case.
+        case restarting(attempt: Int, after: Duration)
     }
 
     /// `.failed(failure)`.
@@ -230,12 +290,23 @@ func matchEscaped(_ value: String) -> String {
 extension Subscription {
     /// Signals on `bus` matching the fields given (nil: any), keyed by the
     /// match unless `key` is given. A well-known `sender` is owner-tracked.
+    ///
+    /// - Parameters:
+    ///   - bus: the bus.
+    ///   - sender: the sender (a well-known name is owner-tracked); nil: any.
+    ///   - path: the object path; nil: any.
+    ///   - interface: the interface; nil: any.
+    ///   - member: the member; nil: any.
+    ///   - arguments: string argument matches by index.
+    ///   - restart: how it reconnects after the bus was lost (`BusAddress.defaultReconnect`).
+    ///   - tag: makes a message of each event.
     public static func busSignal(
         bus: BusAddress, sender: String? = nil, path: String? = nil, interface: String? = nil, member: String? = nil,
-        arguments: [Int: String] = [:], _ tag: @escaping (BusSignalSource.Event) -> Message
+        arguments: [Int: String] = [:], restart: RestartPolicy = BusAddress.defaultReconnect,
+        _ tag: @escaping (BusSignalSource.Event) -> Message
     ) -> Subscription {
         let c = BusSignalSource.Configuration(bus: bus, sender: sender, path: path, interface: interface, member: member,
-                                              arguments: arguments)
+                                              arguments: arguments, restart: restart)
         return Subscription(BusSignalSource.self, key: c, configuration: c, tag: tag)
     }
 
@@ -247,19 +318,36 @@ extension Subscription {
     }
 
     /// Whether `name` has an owner on `bus` (first event: the current state).
-    public static func busName(bus: BusAddress, name: String, _ tag: @escaping (BusNameSource.Event) -> Message) -> Subscription {
-        let c = BusNameSource.Configuration(bus: bus, name: name)
+    ///
+    /// - Parameters:
+    ///   - bus: the bus.
+    ///   - name: the well-known name.
+    ///   - restart: how it reconnects after the bus was lost (`BusAddress.defaultReconnect`).
+    ///   - tag: makes a message of each event.
+    public static func busName(bus: BusAddress, name: String, restart: RestartPolicy = BusAddress.defaultReconnect,
+                               _ tag: @escaping (BusNameSource.Event) -> Message) -> Subscription {
+        let c = BusNameSource.Configuration(bus: bus, name: name, restart: restart)
         return Subscription(BusNameSource.self, key: c, configuration: c, tag: tag)
     }
 
     /// `interface.property` of `service`'s object `path` on `bus`, followed;
     /// with `type`, a value of another type is a failure event.
+    ///
+    /// - Parameters:
+    ///   - bus: the bus.
+    ///   - service: the service's name.
+    ///   - path: the object path.
+    ///   - interface: the property's interface.
+    ///   - property: the property's name.
+    ///   - type: the type the program expects (nil: any).
+    ///   - restart: how it reconnects after the bus was lost (`BusAddress.defaultReconnect`).
+    ///   - tag: makes a message of each event.
     public static func busProperty(
         bus: BusAddress, service: String, path: String, interface: String, property: String, type: BusType? = nil,
-        _ tag: @escaping (BusPropertySource.Event) -> Message
+        restart: RestartPolicy = BusAddress.defaultReconnect, _ tag: @escaping (BusPropertySource.Event) -> Message
     ) -> Subscription {
         let c = BusPropertySource.Configuration(bus: bus, service: service, path: path, interface: interface,
-                                                property: property, type: type)
+                                                property: property, type: type, restart: restart)
         return Subscription(BusPropertySource.self, key: c, configuration: c, tag: tag)
     }
 }

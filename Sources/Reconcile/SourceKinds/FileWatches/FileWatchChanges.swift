@@ -49,7 +49,7 @@ package struct FileWatchChanges {
             if events.contains(where: { $0 != .deleted }) { return }
         case .created, .replaced, .exists, .rescan:
             events.removeAll { $0 == .modified }
-        case .deleted, .failed:
+        case .deleted, .failed, .restarting:
             break
         }
         if let last = events.last, last == event { return }

@@ -24,17 +24,39 @@ public protocol RestartableSource: Source {
     /// is that no event does.
     /// - Parameter event: An event of the running attempt.
     static func isEnd(_ event: Event) -> Bool
+    /// Whether `event` ends the source under `configuration` (a process's
+    /// clean exit ends it only when its condition says `.always`); the
+    /// default is `isEnd(_:)`.
+    /// - Parameters:
+    ///   - event: An event of the running attempt.
+    ///   - configuration: The subscription's configuration.
+    static func isEnd(_ event: Event, configuration: Configuration) -> Bool
+    /// Whether `event` shows the attempt is healthy, so the next restart
+    /// waits `initial` again; the default is that every event does (a
+    /// process's `.started` and output do not: a child that prints and
+    /// exits at once would never back off).
+    /// - Parameter event: An event of the running attempt.
+    static func isRecovery(_ event: Event) -> Bool
 }
 
 extension RestartableSource {
     /// No event ends the source.
     public static func isEnd(_ event: Event) -> Bool { false }
+    /// `isEnd(event)`.
+    public static func isEnd(_ event: Event, configuration: Configuration) -> Bool { isEnd(event) }
+    /// Every event is a recovery.
+    public static func isRecovery(_ event: Event) -> Bool { true }
 
     static func backoff(of ticket: SourceTicket) -> Backoff? {
         guard let configuration = ticket.configuration(as: Self.self), case .backoff(let b) = restartPolicy(configuration) else { return nil }
         return b
     }
-    static func isEndEvent(_ event: Any) -> Bool { (event as? Event).map(isEnd) ?? false }
+    static func isEndEvent(_ event: Any, of ticket: SourceTicket) -> Bool {
+        guard let event = event as? Event else { return false }
+        guard let configuration = ticket.configuration(as: Self.self) else { return isEnd(event) }
+        return isEnd(event, configuration: configuration)
+    }
+    static func isRecoveryEvent(_ event: Any) -> Bool { (event as? Event).map(isRecovery) ?? true }
     static func restartingEvent(_ attempt: Int, _ after: Duration) -> Any { restarting(attempt: attempt, after: after) }
 }
 
@@ -81,6 +103,8 @@ package final class RestartSupervisor {
     private var healthy = true
     /// Attempts started (the first included).
     package private(set) var started = 0
+    /// When the current (or last) attempt started.
+    private var startedAt: Duration = .zero
 
     /// The supervisor for `ticket` when its kind is restartable and its
     /// configuration asks for a backoff; nil otherwise (and for an attempt).
@@ -119,6 +143,7 @@ package final class RestartSupervisor {
     private func launch() {
         guard !stopped, let outer else { return }
         started += 1
+        startedAt = host.restartNow
         let attempt = AttemptTicket(outer, number: started, supervisor: self)
         current = attempt
         host.startAttempt(attempt)
@@ -126,8 +151,8 @@ package final class RestartSupervisor {
 
     fileprivate func emitted(_ event: Any, by attempt: AttemptTicket) {
         guard attempt === current, let outer else { return attempt.rejected() }
-        if kind.isEndEvent(event) { return ended(attempt, report: { outer.emit(event) }) }
-        if !healthy {
+        if kind.isEndEvent(event, of: outer) { return ended(attempt, report: { outer.emit(event) }) }
+        if !healthy, kind.isRecoveryEvent(event) {
             healthy = true
             schedule.recovered()
         }
@@ -155,8 +180,15 @@ package final class RestartSupervisor {
         current = nil
         attempt.kill()
         host.stopAttempt(attempt)
+        // An attempt that ran a whole window is a recovery too: the
+        // restarts before it no longer count against the cap either.
+        let now = host.restartNow
+        if schedule.backoff.window > .zero, now - startedAt >= schedule.backoff.window {
+            healthy = true
+            schedule.recovered()
+        }
         var random = HostRandom(host: host)
-        let decision = schedule.next(at: host.restartNow, random: &random)
+        let decision = schedule.next(at: now, random: &random)
         healthy = false
         if case .restart(_, let delay) = decision {
             if timer == nil { timer = host.makeRestartTimer { [weak self] in self?.launch() } }
