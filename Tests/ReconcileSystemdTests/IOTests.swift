@@ -306,6 +306,29 @@ extension SystemdTests {
 
 extension SystemdTests {
     @Suite struct Sockets {
+        @Test(arguments: [false, true])
+        func bindingAUnixPathReplacesAStaleSocketFileButNotALiveOne(datagram: Bool) throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            let path = dir + "/s.sock"
+            let first = try SocketActivation.bind(path, datagram: datagram)
+            // A live socket is bound there: a second bind is refused, and the
+            // first socket still owns the file.
+            var refused: SystemdError?
+            do throws(SystemdError) { close(try SocketActivation.bind(path, datagram: datagram)) } catch { refused = error }
+            #expect(refused?.errno == EADDRINUSE, "\(String(describing: refused))")
+            var st = stat()
+            #expect(lstat(path, &st) == 0)
+            var bound = sockaddr_un(), length = socklen_t(MemoryLayout<sockaddr_un>.size)
+            _ = withUnsafeMutablePointer(to: &bound) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(first, $0, &length) } }
+            let boundPath = withUnsafeBytes(of: bound.sun_path) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            #expect(boundPath == path)
+            // Once it is closed the file is stale: the next bind replaces it.
+            close(first)
+            let second = try SocketActivation.bind(path, datagram: datagram)
+            close(second)
+        }
+
         @Test func aPeerThatNeverReadsHasWritesQueuedToTheLimitThenIsClosedWithAnEvent() throws {
             let dir = try makeTemporaryDirectory()
             defer { removeTree(dir) }

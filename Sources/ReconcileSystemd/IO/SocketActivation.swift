@@ -97,9 +97,24 @@ public enum SocketActivation {
         return ActivatedSocket(fd: fd, name: name, kind: datagram ? .datagram : .listening)
     }
 
+    /// Whether a socket is bound at the unix `address`: a non-blocking
+    /// connect of the same type is refused (`ECONNREFUSED`) only when nothing
+    /// is. A live stream listener sees the probe as one connection that ends
+    /// at once.
+    private static func isLive(_ address: inout sockaddr_storage, _ length: socklen_t, type: Int32) -> Bool {
+        let probe = Glibc.socket(AF_UNIX, type | Int32(SOCK_NONBLOCK.rawValue), 0)
+        guard probe >= 0 else { return false }
+        defer { close(probe) }
+        let r = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(probe, $0, length) } }
+        if r == 0 { return true }
+        let e = errno
+        return e != ECONNREFUSED && e != ENOENT
+    }
+
     /// A socket bound to `address` (and listening, for a stream socket),
     /// close-on-exec, as systemd's `ListenStream=` / `ListenDatagram=`
-    /// would: `/path` (a stale socket file there is replaced), `@abstract`,
+    /// would: `/path` (a stale socket file there is replaced; one a live socket
+    /// is bound to is `EADDRINUSE`), `@abstract`,
     /// `1.2.3.4:80`, `[::1]:80`, or a bare port (all addresses, IPv6 and IPv4).
     ///
     /// - Parameters:
@@ -126,7 +141,14 @@ public enum SocketActivation {
             withUnsafeMutableBytes(of: &storage) { s in withUnsafeBytes(of: un) { s.copyMemory(from: $0) } }
             if path.first != 0 {
                 var st = stat()
-                if lstat(address, &st) == 0, st.st_mode & 0o170000 == 0o140000 { unlink(address) }
+                if lstat(address, &st) == 0, st.st_mode & 0o170000 == 0o140000 {
+                    // Replace a stale socket file only: one a live socket is
+                    // bound to (a second instance run by hand) is in use.
+                    if isLive(&storage, length, type: type) {
+                        throw SystemdError("bind \(address): a live socket is bound there", errno: EADDRINUSE)
+                    }
+                    unlink(address)
+                }
             }
         } else {
             var host = "", portText = address
