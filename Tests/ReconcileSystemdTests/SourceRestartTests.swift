@@ -141,6 +141,28 @@ extension SystemdTests {
             #expect(childProcesses().isEmpty)
         }
 
+        @Test func aCleanExitRestartsOnlyUnderAlways() throws {
+            // systemd's Restart=on-failure against Restart=always, on real children:
+            // `exit 0` and a SIGTERM are clean ends, so .onFailure leaves them ended.
+            let backoff = Backoff(initial: .milliseconds(5), factor: 1, maximum: .milliseconds(5), jitter: 0, attempts: 2, window: .seconds(60))
+            for (command, condition, children) in [("exit 0", ProcessSource.RestartCondition.onFailure, 1),
+                                                     ("kill -TERM $$", .onFailure, 1),
+                                                     ("exit 0", .always, 3),
+                                                     ("kill -TERM $$", .always, 3)] {
+                let h = try Harness(Recorder { tag in
+                    Subscription.process(["/bin/sh", "-c", command], key: "p", restart: .backoff(backoff), restartOn: condition, tag)
+                })
+                let ends = { processes(h).filter { switch $0 { case .exited, .killed: true; default: false } }.count }
+                try h.run(until: { ends() >= children }, timeout: .seconds(10))
+                // Long enough for a restart the policy would make (5 ms) to have shown.
+                try h.run(for: .milliseconds(300))
+                let started = processes(h).filter { if case .started = $0 { true } else { false } }.count
+                #expect(started == children, "\(command) \(condition): \(processes(h))")
+                #expect(ends() == children, "\(command) \(condition): \(processes(h))")
+                #expect(childProcesses().isEmpty)
+            }
+        }
+
         @Test func aListenerWhoseAddressIsTakenRetriesAndAcceptsOnceItIsFree() throws {
             // The holder: a listening socket on an ephemeral loopback port.
             let holder = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
