@@ -56,7 +56,10 @@ extension ReconcileEngine {
         retire(records.stops)
     }
 
-    func makeEntry(_ sub: UnsafePointer<SubscriptionCore>, _ memo: GroupMemo) -> ActiveSource {
+    /// A new entry for `sub` (a recycled one when one is free); with
+    /// `boxRetainDeferred` (a start's), it holds its box unretained until
+    /// the end of the reconcile (see `ActiveSource.init`).
+    func makeEntry(_ sub: UnsafePointer<SubscriptionCore>, _ memo: GroupMemo, boxRetainDeferred: Bool = false) -> ActiveSource {
         generation &+= 1
         let activation = Activation(generation: generation)
         while nextRetired < retired.count {
@@ -67,11 +70,11 @@ extension ReconcileEngine {
             // unowned one: nothing can reach the old activation through it.
             // Moved out of the optional (no retain and release).
             if isKnownUniquelyReferenced(&candidate), let entry = candidate.take(), entry.hasNoWeakOrUnownedReference {
-                entry.reuse(sub, activation: activation, memo: memo, epoch: epoch)
+                entry.reuse(sub, activation: activation, memo: memo, epoch: epoch, boxRetainDeferred: boxRetainDeferred)
                 return entry
             }
         }
-        let entry = ActiveSource(sub, activation: activation, memo: memo)
+        let entry = ActiveSource(sub, activation: activation, memo: memo, boxRetainDeferred: boxRetainDeferred)
         entry.epoch = epoch
         return entry
     }
@@ -98,6 +101,7 @@ extension ReconcileEngine {
 
     /// Removes and returns every active source, in activation order (shutdown).
     func removeAll() -> [ActiveSource] {
+        releaseStartStore()
         let all = activeInOrder
         for e in all { e.pinTagger() }
         table.removeAll()
