@@ -30,6 +30,18 @@ extension ReconcileEngine {
                 if stopped { stops.append(everything ? order[i].takeRetainedValue() : order[i].takeUnretainedValue()) }
             }
         }
+        // A group whose order emptied keeps the old order's storage as its
+        // next new order's (no per-running-subscription memory: nothing in
+        // it runs; a whole set stopped and started again allocates none).
+        for k in scans.indices where scans[k].memo.order.isEmpty {
+            var storage = ContiguousArray<Unmanaged<ActiveSource>>()
+            swap(&storage, &scans[k].order)
+            let memo = scans[k].memo
+            if memo.newOrder.capacity < storage.capacity {
+                storage.removeAll(keepingCapacity: true)
+                memo.newOrder = storage
+            }
+        }
         scans.removeAll(keepingCapacity: true)
         // Stopped entries with a poster keep their taggers (see
         // `ActiveSource`) before any content that holds them goes.
@@ -38,6 +50,7 @@ extension ReconcileEngine {
         for memo in vanished {
             memo.content = nil
             memo.order = []
+            memo.newOrder = []
             memo.children = [:]
             memo.childOrder = []
             memo.newChildOrder = []

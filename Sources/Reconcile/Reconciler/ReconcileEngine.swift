@@ -323,14 +323,25 @@ final class ReconcileEngine {
             }
             startBuilding(memo, upTo: i)
         }
+        if memo.newOrder.count == memo.newOrder.capacity {
+            // One allocation for the old order's size, then doubling.
+            memo.newOrder.reserveCapacity(max(memo.order.count, 2 * memo.newOrder.count, 16))
+        }
         memo.newOrder.append(entry)
     }
 
+    /// Starts `memo`'s new order with the first `count` entries of the old
+    /// one. Its storage is the memo's spare one when it has one (the storage
+    /// of an order that emptied, see `collectStops`): after everything
+    /// stopped, starting it all again allocates no order.
     func startBuilding(_ memo: GroupMemo, upTo count: Int) {
         memo.building = true
         memo.divergence = count
         changes += 1
-        memo.newOrder = ContiguousArray(memo.order[0..<count])
-        memo.newOrder.reserveCapacity(max(memo.order.count, count + 1))
+        memo.newOrder.removeAll(keepingCapacity: true)
+        if count > 0 {
+            memo.newOrder.reserveCapacity(max(memo.order.count, count + 1))
+            memo.order.withUnsafeBufferPointer { memo.newOrder.append(contentsOf: $0[0..<count]) }
+        }
     }
 }
