@@ -204,6 +204,7 @@ func loopWatchesBenchmark(count: Int, rounds: Int, into records: inout [Record])
     let tree = FileTree(count: count)
     defer { tree.remove() }
     let watches = Subscriptions<BenchMessage>(tree.paths.map { path in Subscription.watch(path) { _ in -1 } })
+    let liveBefore = EventSourceAccounting.live
     var rig: LoopRig? = try LoopRig([.none, watches])
     let raw = RawLoop()
     var keeper: OpaquePointer?
@@ -216,7 +217,6 @@ func loopWatchesBenchmark(count: Int, rounds: Int, into records: inout [Record])
     var defers = [OpaquePointer?](repeating: nil, count: count)
     let components = tree.paths.map { $0.split(separator: "/").map { strdup(String($0))! } }
     defer { for c in components { for p in c { free(p) } } }
-    let liveBefore = EventSourceAccounting.live
     startStopBenchmark("loop-watches", count: count, rounds: rounds,
         ours: { _ in ({ rig!.select(1) }, { rig!.select(0) }) },
         raw: { _ in ({
