@@ -29,10 +29,16 @@ final class ActiveSource: SourceTicket {
     /// Where events go (one link per reconciler, held by every group).
     var link: OwnerLink { memo.link }
 
-    init(_ sub: UnsafePointer<SubscriptionCore>, activation: Activation, memo: GroupMemo) {
+    /// With `boxRetainDeferred`, the entry holds its configuration box
+    /// without having retained it yet: the start's retain, made once the
+    /// reconcile is over (`ReconcileEngine.reconcile`), is the entry's.
+    init(_ sub: UnsafePointer<SubscriptionCore>, activation: Activation, memo: GroupMemo, boxRetainDeferred: Bool) {
         self.taggerRef = .passUnretained(sub.pointee.tagger)
         self.memo = memo
-        super.init(activation: activation, id: sub.pointee.id, configurationBox: sub.pointee.configurationBox)
+        let box = boxRetainDeferred
+            ? Unmanaged.passUnretained(sub.pointee.configurationBox).takeRetainedValue()
+            : sub.pointee.configurationBox
+        super.init(activation: activation, id: sub.pointee.id, configurationBox: box)
     }
 
     /// Keeps the tagger alive past its content (a stopped entry whose poster

@@ -48,12 +48,21 @@ extension ActiveSource {
 
     /// Makes this stopped entry, which nothing else references, the ticket
     /// of a new activation of `sub` (recycling: no allocation per start).
-    func reuse(_ sub: UnsafePointer<SubscriptionCore>, activation: Activation, memo: GroupMemo, epoch: UInt64) {
+    /// With `boxRetainDeferred`, as `ActiveSource.init`'s: the entry holds
+    /// the new box without a retain of its own yet.
+    func reuse(_ sub: UnsafePointer<SubscriptionCore>, activation: Activation, memo: GroupMemo, epoch: UInt64, boxRetainDeferred: Bool) {
         self.activation = activation
         // The same boxes as last time (a set reused as it was) are not
         // written again: no retain and release for them.
         if !Self.same(id.keyBox, sub.pointee.id.keyBox) { id = sub.pointee.id }
-        if !Self.same(configurationBox, sub.pointee.configurationBox) { configurationBox = sub.pointee.configurationBox }
+        let box = sub.pointee.configurationBox
+        if !Self.same(configurationBox, box) {
+            configurationBox = boxRetainDeferred ? Unmanaged.passUnretained(box).takeRetainedValue() : box
+        } else if boxRetainDeferred {
+            // Its reference becomes the deferred one (the desired set holds
+            // the box meanwhile).
+            Unmanaged.passUnretained(box).release()
+        }
         isActive = true
         hasFailed = false
         hasPoster = false

@@ -110,10 +110,10 @@ struct PlanRecords {
     var stops: [ActiveSource?] = []
     var restarts: [Restart] = []
     var retunes: [(source: ActiveSource, from: HashableBox, to: HashableBox)] = []
-    var starts: [Start] = []
+    /// Held unretained in a store the engine reuses (`StartRecords.swift`).
+    var starts = StartRecords()
 
     typealias Restart = (old: ActiveSource, new: ActiveSource, to: HashableBox)
-    typealias Start = (source: ActiveSource, configuration: HashableBox)
 
     var isEmpty: Bool { stops.isEmpty && restarts.isEmpty && retunes.isEmpty && starts.isEmpty }
 

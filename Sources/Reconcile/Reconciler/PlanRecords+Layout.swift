@@ -6,18 +6,16 @@
 // What it relies on: the records hold every entry for the duration of the
 // call (the plan is alive), and the offsets of the fields read, which come
 // from `MemoryLayout.offset(of:)` on the tuple types (never from a computed
-// stride). What would break it: a record type changed so that a field read
+// stride). Start records are unretained already (`StartRecords.swift`). What would break it: a record type changed so that a field read
 // here is no longer a single class reference. `Tests/ReconcileTests/LayoutTests.swift`
 // reads every field through these functions and compares with the tuples'.
 
 extension PlanRecords {
     /// The byte offset of a record's first entry (`stops`' element, a
-    /// restart's `old`, a start's `source`).
+    /// restart's `old`).
     static let entryOffset = 0
     /// The byte offset of a restart's `new` entry.
     static let restartNewOffset = MemoryLayout<Restart>.offset(of: \Restart.new)!
-    /// The byte offset of a start's configuration box.
-    static let startBoxOffset = MemoryLayout<Start>.offset(of: \Start.configuration)!
 
     /// Calls `body` with the entry at byte `offset` of each element of
     /// `list`, in order, unretained: the records hold every entry for the
@@ -35,18 +33,12 @@ extension PlanRecords {
     }
 
     /// Calls `body` with each start record's entry and configuration box,
-    /// in order, unretained (read in place, as `forEach`).
+    /// in order, unretained (the records are: see `StartRecords.swift`).
     @inline(__always)
-    static func forEachStart(_ starts: [Start], _ body: (ActiveSource, Unmanaged<HashableBox>) -> Void) {
-        let boxOffset = startBoxOffset
-        starts.withUnsafeBufferPointer { buffer in
-            guard let base = buffer.baseAddress else { return }
-            let raw = UnsafeRawPointer(base)
-            for i in 0..<buffer.count {
-                let at = i &* MemoryLayout<Start>.stride
-                let box = raw.load(fromByteOffset: at &+ boxOffset, as: Unmanaged<HashableBox>.self)
-                raw.load(fromByteOffset: at &+ entryOffset, as: Unmanaged<ActiveSource>.self)._withUnsafeGuaranteedRef { body($0, box) }
-            }
+    static func forEachStart(_ starts: StartRecords, _ body: (ActiveSource, Unmanaged<HashableBox>) -> Void) {
+        guard let store = starts.store else { return }
+        store.records.withUnsafeBufferPointer { buffer in
+            for r in buffer { r.source._withUnsafeGuaranteedRef { body($0, r.configuration) } }
         }
     }
 }

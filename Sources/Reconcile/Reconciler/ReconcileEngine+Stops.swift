@@ -30,6 +30,18 @@ extension ReconcileEngine {
                 if stopped { stops.append(everything ? order[i].takeRetainedValue() : order[i].takeUnretainedValue()) }
             }
         }
+        // A group whose order emptied keeps the old order's storage as its
+        // next new order's (no per-running-subscription memory: nothing in
+        // it runs; a whole set stopped and started again allocates none).
+        for k in scans.indices where scans[k].memo.order.isEmpty {
+            var storage = ContiguousArray<Unmanaged<ActiveSource>>()
+            swap(&storage, &scans[k].order)
+            let memo = scans[k].memo
+            if memo.newOrder.capacity < storage.capacity {
+                storage.removeAll(keepingCapacity: true)
+                memo.newOrder = storage
+            }
+        }
         scans.removeAll(keepingCapacity: true)
         // Stopped entries with a poster keep their taggers (see
         // `ActiveSource`) before any content that holds them goes.
@@ -38,6 +50,7 @@ extension ReconcileEngine {
         for memo in vanished {
             memo.content = nil
             memo.order = []
+            memo.newOrder = []
             memo.children = [:]
             memo.childOrder = []
             memo.newChildOrder = []
@@ -56,7 +69,10 @@ extension ReconcileEngine {
         retire(records.stops)
     }
 
-    func makeEntry(_ sub: UnsafePointer<SubscriptionCore>, _ memo: GroupMemo) -> ActiveSource {
+    /// A new entry for `sub` (a recycled one when one is free); with
+    /// `boxRetainDeferred` (a start's), it holds its box unretained until
+    /// the end of the reconcile (see `ActiveSource.init`).
+    func makeEntry(_ sub: UnsafePointer<SubscriptionCore>, _ memo: GroupMemo, boxRetainDeferred: Bool = false) -> ActiveSource {
         generation &+= 1
         let activation = Activation(generation: generation)
         while nextRetired < retired.count {
@@ -67,11 +83,11 @@ extension ReconcileEngine {
             // unowned one: nothing can reach the old activation through it.
             // Moved out of the optional (no retain and release).
             if isKnownUniquelyReferenced(&candidate), let entry = candidate.take(), entry.hasNoWeakOrUnownedReference {
-                entry.reuse(sub, activation: activation, memo: memo, epoch: epoch)
+                entry.reuse(sub, activation: activation, memo: memo, epoch: epoch, boxRetainDeferred: boxRetainDeferred)
                 return entry
             }
         }
-        let entry = ActiveSource(sub, activation: activation, memo: memo)
+        let entry = ActiveSource(sub, activation: activation, memo: memo, boxRetainDeferred: boxRetainDeferred)
         entry.epoch = epoch
         return entry
     }
@@ -98,6 +114,7 @@ extension ReconcileEngine {
 
     /// Removes and returns every active source, in activation order (shutdown).
     func removeAll() -> [ActiveSource] {
+        releaseStartStore()
         let all = activeInOrder
         for e in all { e.pinTagger() }
         table.removeAll()

@@ -61,7 +61,14 @@ final class ReconcileEngine {
         reuse = GroupReuse.take(root: root)
     }
 
-    deinit { GroupReuse.give(reuse) }
+    /// The store of the last plan's start records, reused while no plan
+    /// holds it (`StartRecords.swift`).
+    var lastStartStore: StartRecordStore?
+
+    deinit {
+        releaseStartStore()
+        GroupReuse.give(reuse)
+    }
 
     /// Offered to `group` while a set is built (`reconcile(building:)`).
     let reuse: GroupReuse
@@ -91,14 +98,16 @@ final class ReconcileEngine {
         }
     }
 
-    /// With `deferringBoxRetains`, a start record holds its configuration
-    /// box as a strong reference whose retain has not happened yet: during
-    /// the reconcile the desired set holds the box, and after it the new
-    /// entry does (its box changes only in a later reconcile). The runtime
-    /// retains each box as it starts the source, when the driver reads the
-    /// box anyway (one cache miss per start instead of two). Otherwise the
-    /// boxes are retained here, before the plan is returned.
+    /// A started entry holds its configuration box as a strong reference
+    /// whose retain has not happened yet (its start record holds the box
+    /// unretained, `StartRecords.swift`): during the reconcile the desired
+    /// set holds the box. With `deferringBoxRetains` the runtime retains
+    /// each box for its entry as it starts the source, when the driver reads
+    /// the box anyway (one cache miss per start instead of two). Otherwise
+    /// the boxes are retained here, before the plan is returned.
     func reconcile<M>(_ desired: Subscriptions<M>, deferringBoxRetains: Bool = false) -> Plan {
+        // Before anything can free or recycle an entry a kept plan lists.
+        releaseStartStore()
         epoch &+= 1
         records = PlanRecords()
         kept = 0
@@ -236,10 +245,10 @@ final class ReconcileEngine {
     }
 
     func start(_ d: UnsafePointer<SubscriptionCore>, in memo: GroupMemo) {
-        let fresh = makeEntry(d, memo)
-        if records.starts.isEmpty { records.starts.reserveCapacity(max(16, lastStarts)) }
-        // The box's retain is deferred (see `reconcile`).
-        records.starts.append((fresh, Unmanaged.passUnretained(d.pointee.configurationBox).takeRetainedValue()))
+        // The entry's retain of its box is deferred (see `reconcile`); the
+        // record holds both unretained.
+        let fresh = makeEntry(d, memo, boxRetainDeferred: true)
+        recordStart(fresh, d.pointee.configurationBox)
         placeFresh(.passUnretained(fresh), in: memo)
         table.insert(fresh)    // the last use: the table takes this reference
     }
@@ -314,14 +323,25 @@ final class ReconcileEngine {
             }
             startBuilding(memo, upTo: i)
         }
+        if memo.newOrder.count == memo.newOrder.capacity {
+            // One allocation for the old order's size, then doubling.
+            memo.newOrder.reserveCapacity(max(memo.order.count, 2 * memo.newOrder.count, 16))
+        }
         memo.newOrder.append(entry)
     }
 
+    /// Starts `memo`'s new order with the first `count` entries of the old
+    /// one. Its storage is the memo's spare one when it has one (the storage
+    /// of an order that emptied, see `collectStops`): after everything
+    /// stopped, starting it all again allocates no order.
     func startBuilding(_ memo: GroupMemo, upTo count: Int) {
         memo.building = true
         memo.divergence = count
         changes += 1
-        memo.newOrder = ContiguousArray(memo.order[0..<count])
-        memo.newOrder.reserveCapacity(max(memo.order.count, count + 1))
+        memo.newOrder.removeAll(keepingCapacity: true)
+        if count > 0 {
+            memo.newOrder.reserveCapacity(max(memo.order.count, count + 1))
+            memo.order.withUnsafeBufferPointer { memo.newOrder.append(contentsOf: $0[0..<count]) }
+        }
     }
 }

@@ -40,10 +40,11 @@ public final class Reconciler<Message> {
         engine.reconcile(desired)
     }
 
-    /// The same for a runtime that executes the plan at once: the start
-    /// records' configuration boxes are not retained yet, and the caller
-    /// must retain each one (`PlanRecords.forEachStart`) before anything
-    /// can release the plan (see `ReconcileEngine.reconcile`).
+    /// The same for a runtime that executes the plan at once: the started
+    /// entries have not retained their configuration boxes yet, and the
+    /// caller must retain each one for its entry (`PlanRecords.forEachStart`)
+    /// before anything can release the desired set (see
+    /// `ReconcileEngine.reconcile`).
     func reconcileDeferringBoxRetains(_ desired: Subscriptions<Message>) -> Plan {
         engine.reconcile(desired, deferringBoxRetains: true)
     }

@@ -5,14 +5,28 @@ import Synchronization
 /// (counted down from each source's destroy callback; a timer's when its
 /// runner releases it, see `EventSource.accountReleasedByOwner()`). Tests use it to show
 /// start-once / stop-once at the sd-event level.
+///
+/// Both counts live in one word (live in the low 32 bits, created in the
+/// high 32, wrapping after 2^32 creations), so a creation is one atomic
+/// operation, not two (a timer start paid about 5 % of a churned reconcile
+/// for the second).
 package enum EventSourceAccounting {
-    static let liveCount = Atomic<Int>(0)
-    static let createdCount = Atomic<Int>(0)
+    static let counts = Atomic<Int>(0)
+    /// What a creation adds: one live, one created.
+    static let oneCreated = 1 | 1 << 32
 
     /// Sources created and not yet destroyed, process-wide.
-    package static var live: Int { liveCount.load(ordering: .relaxed) }
-    /// Sources ever created, process-wide.
-    package static var created: Int { createdCount.load(ordering: .relaxed) }
+    package static var live: Int { Int(Int32(truncatingIfNeeded: counts.load(ordering: .relaxed))) }
+    /// Sources ever created, process-wide (modulo 2^32).
+    package static var created: Int { Int(UInt(bitPattern: counts.load(ordering: .relaxed)) >> 32) }
+
+    /// Counts a creation.
+    @inline(__always)
+    static func countCreation() { counts.wrappingAdd(oneCreated, ordering: .relaxed) }
+
+    /// Counts a destruction.
+    @inline(__always)
+    static func countDestruction() { counts.wrappingSubtract(1, ordering: .relaxed) }
 }
 
 /// One owner of one `sd_event_source *`: disabled and released by `close()`
@@ -30,11 +44,8 @@ final class EventSource {
     /// for owners that keep the `sd_event_source *` themselves (one object
     /// less per source) and release it with `sd_event_source_disable_unref`.
     static func account(_ handle: OpaquePointer) {
-        EventSourceAccounting.liveCount.add(1, ordering: .relaxed)
-        EventSourceAccounting.createdCount.add(1, ordering: .relaxed)
-        sd_event_source_set_destroy_callback(handle) { _ in
-            EventSourceAccounting.liveCount.subtract(1, ordering: .relaxed)
-        }
+        EventSourceAccounting.countCreation()
+        sd_event_source_set_destroy_callback(handle) { _ in EventSourceAccounting.countDestruction() }
     }
 
     /// Counts a source in `EventSourceAccounting` whose owner counts it down
@@ -42,15 +53,10 @@ final class EventSource {
     /// `sd_event_source_disable_unref` (sd-event frees it then, or as soon as
     /// a dispatch of it in progress returns): no destroy callback to set and
     /// call per source (timers: two C calls fewer per start and stop).
-    static func accountReleasedByOwner() {
-        EventSourceAccounting.liveCount.add(1, ordering: .relaxed)
-        EventSourceAccounting.createdCount.add(1, ordering: .relaxed)
-    }
+    static func accountReleasedByOwner() { EventSourceAccounting.countCreation() }
 
     /// The count-down of a source counted by `accountReleasedByOwner()`.
-    static func releasedByOwner() {
-        EventSourceAccounting.liveCount.subtract(1, ordering: .relaxed)
-    }
+    static func releasedByOwner() { EventSourceAccounting.countDestruction() }
 
     /// Turns the source off and drops it; a pending dispatch is cancelled.
     /// The corresponding C function is `sd_event_source_disable_unref`.
