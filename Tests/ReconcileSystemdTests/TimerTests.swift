@@ -158,6 +158,53 @@ extension SystemdTests {
             #expect(c.last!.sequence >= 3 && c.last!.sequence <= UInt64(elapsed / 20_000) + 1, "c: \(c), \(elapsed) µs")
         }
 
+        @Test func aRecycledSourceFiresWithTheNewTimersConfigurationOnly() throws {
+            // One timer at a time: each start takes the runner the last stop
+            // left, with its sd-event source parked at USEC_INFINITY. "a" is
+            // due (not yet dispatched) when it stops; "b" (another leeway, a
+            // minute) gets its source and must neither fire early nor hand
+            // "a" its due tick; "c" gets it next and ticks on its own schedule.
+            struct P: Program {
+                struct Model: Equatable { var phase = 0; var ticks: [String: [TimerSource.Tick]] = [:] }
+                enum Message { case tick(String, TimerSource.Event), next }
+                func start() -> (Model, [Never]) { (Model(), []) }
+                func update(_ m: inout Model, _ message: Message) -> [Never] {
+                    switch message {
+                    case .tick(let key, .tick(let t)): m.ticks[key, default: []].append(t)
+                    case .tick(_, .failed): break
+                    case .next: m.phase += 1
+                    }
+                    return []
+                }
+                func subscriptions(_ m: Model) -> Subscriptions<Message> {
+                    switch m.phase {
+                    case 0: Subscriptions { Subscription.every(.milliseconds(5), key: "a", leeway: .microseconds(1)) { .tick("a", $0) } }
+                    case 1: Subscriptions { Subscription.every(.seconds(60), key: "b", leeway: .milliseconds(1)) { .tick("b", $0) } }
+                    default: Subscriptions { Subscription.every(.milliseconds(10), key: "c", leeway: .microseconds(1)) { .tick("c", $0) } }
+                    }
+                }
+            }
+            let h = try Harness(P())
+            try h.run(until: { (h.runtime.model.ticks["a"]?.count ?? 0) >= 2 })
+            let ticksOfA = h.runtime.model.ticks["a"]!.count
+            // The loop does not run: "a" comes due four times over.
+            usleep(20_000)
+            try h.runtime.send(.next)
+            #expect(h.driver.runningCount == 1)
+            try h.run(for: .milliseconds(50))
+            #expect(h.runtime.model.ticks["a"]!.count == ticksOfA)
+            #expect(h.runtime.model.ticks["b"] == nil)
+            let switched = monotonicMicros()
+            try h.runtime.send(.next)
+            try h.run(until: { (h.runtime.model.ticks["c"]?.count ?? 0) >= 3 })
+            let elapsed = monotonicMicros() - switched
+            let m = h.runtime.model
+            #expect(m.ticks["a"]!.count == ticksOfA && m.ticks["b"] == nil)
+            let c = m.ticks["c"]!
+            #expect(c.first!.sequence == 1 + c.first!.missed)
+            #expect(elapsed >= 29_000 && c.last!.sequence <= UInt64(elapsed / 10_000) + 1, "c: \(c), \(elapsed) µs")
+        }
+
         @Test func oneShotTicksWithSequenceOneAndNothingMissedHoweverLate() throws {
             struct P: Program {
                 func start() -> ([TimerSource.Tick], [Never]) { ([], []) }

@@ -37,8 +37,11 @@ final class TimerRunner: DriverRunner {
     private let loop: EventLoop
     private var clock: clockid_t = CLOCK_MONOTONIC
     private var repeats = true
-    /// The timer's sd-event source, owned here directly (no wrapper object).
+    /// `kept` while the timer runs; nil when stopped.
     private var handle: OpaquePointer?
+    /// The sd-event source this runner owns (no wrapper object), on
+    /// `clock` with accuracy `leeway`; kept, parked, while stopped.
+    private var kept: OpaquePointer?
     private var origin: UInt64 = 0
     private var interval: UInt64 = 1
     private var leeway: UInt64 = 1
@@ -51,26 +54,46 @@ final class TimerRunner: DriverRunner {
         super.init()
     }
 
-    deinit { stop() }
+    deinit { release() }
 
-    /// Arms the (stopped) runner for `ticket` with configuration `c`.
+    /// Arms the (stopped) runner for `ticket` with configuration `c`. A
+    /// runner that ran before on the same clock moves the source it kept
+    /// (parked at `USEC_INFINITY`, see `stop`) to the new due time: one
+    /// `sd_event_source_set_time`, no allocation and no free (plus
+    /// `set_enabled` after a one-shot fired, `set_time_accuracy` for another
+    /// leeway). Another clock gets a new source.
     func start(_ ticket: SourceTicket, _ c: TimerSource.Configuration) throws(SystemdError) {
-        clock = c.clock.clockID
+        let clock = c.clock.clockID
         repeats = c.repeats
         interval = max(1, usec(c.interval))
-        leeway = usecAccuracy(c.leeway)
+        let leeway = usecAccuracy(c.leeway)
         origin = loop.now(clock)
         sequence = 0
         fired = false
-        var s: OpaquePointer?
-        try check("sd_event_add_time", sd_event_add_time(
-            loop.handle, &s, clock, usecAdd(origin, interval), leeway,
-            { _, _, ud in
-                Unmanaged<TimerRunner>.fromOpaque(ud!).takeUnretainedValue().fire()
-                return 0
-            }, Unmanaged.passUnretained(self).toOpaque()))
+        let due = usecAdd(origin, interval)
+        if let kept, clock == self.clock {
+            if leeway != self.leeway {
+                try check("sd_event_source_set_time_accuracy", sd_event_source_set_time_accuracy(kept, leeway))
+                self.leeway = leeway
+            }
+            try check("sd_event_source_set_time", sd_event_source_set_time(kept, due))
+            // On already (returns at once) unless a one-shot fired.
+            try check("sd_event_source_set_enabled", sd_event_source_set_enabled(kept, Int32(SD_EVENT_ONESHOT)))
+        } else {
+            release()
+            var s: OpaquePointer?
+            try check("sd_event_add_time", sd_event_add_time(
+                loop.handle, &s, clock, due, leeway,
+                { _, _, ud in
+                    Unmanaged<TimerRunner>.fromOpaque(ud!)._withUnsafeGuaranteedRef { $0.fire() }
+                    return 0
+                }, Unmanaged.passUnretained(self).toOpaque()))
+            self.clock = clock
+            self.leeway = leeway
+            kept = s
+        }
+        handle = kept
         self.ticket = ticket
-        handle = s
         EventSource.accountReleasedByOwner()
     }
 
@@ -123,12 +146,29 @@ final class TimerRunner: DriverRunner {
         try check("sd_event_source_set_enabled", sd_event_source_set_enabled(handle, Int32(SD_EVENT_ONESHOT)))
     }
 
+    /// Parks the source at `USEC_INFINITY` and keeps it for the next start:
+    /// it never comes due there, and sd-event drops a pending firing when
+    /// its time is set, so nothing reaches the next ticket. (Parked rather
+    /// than turned off: an off source still sits in sd-event's two timer
+    /// queues, and turning it off and on again moves it through both
+    /// twice; parking and re-arming move it once each, cheaper than
+    /// `sd_event_add_time` with its allocation and `disable_unref` with its
+    /// free.) A source that cannot be parked (the loop finished) is released.
     override func stop() {
         if let h = handle {
             handle = nil
             ticket = nil
-            sd_event_source_disable_unref(h)
             EventSource.releasedByOwner()
+            if sd_event_source_set_time(h, usecInfinity) < 0 { release() }
+        }
+    }
+
+    /// Stops the timer and releases the kept source.
+    func release() {
+        stop()
+        if let k = kept {
+            kept = nil
+            sd_event_source_disable_unref(k)
         }
     }
 }
