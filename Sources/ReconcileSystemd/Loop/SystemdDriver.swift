@@ -26,8 +26,9 @@ public final class SystemdDriver: Driver {
     /// (no allocation and no free per timer); at most `spareTimerLimit`.
     /// A runner is made only when none is spare, so this never holds more
     /// than the most timers that ran at once: a daemon that ran 100,000
-    /// starts them again with no allocation of ours (sd-event's own source
-    /// is the one allocation per start).
+    /// starts them again with no allocation at all. A spare runner keeps its
+    /// sd-event source parked at infinity (`TimerRunner.stop`), so the pool
+    /// holds the high-water mark of timers' sources too, until `detach`.
     /// (Loop thread only, no access spans a reentrant call: no dynamic
     /// exclusivity checks, as on the runners' links below.)
     @exclusivity(unchecked) private var spareTimers: [TimerRunner] = []
@@ -234,6 +235,10 @@ public final class SystemdDriver: Driver {
         ioState?.detach()
         // Stopped watch runners keep their (off) flush source for reuse.
         for watch in spareWatches { watch.release() }
+        spareWatches.removeAll()
+        // Stopped timer runners keep their parked sd-event source.
+        for timer in spareTimers { timer.release() }
+        spareTimers.removeAll()
         buses.close()
         wakeSource?.close()
         wakeSource = nil
