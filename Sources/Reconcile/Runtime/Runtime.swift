@@ -2,6 +2,8 @@
 protocol MessageSink<Message>: AnyObject {
     associatedtype Message
     func enqueue(_ message: Message, from source: ActiveSource?)
+    /// Queues `messages` of `source` in order and processes them as one batch.
+    func enqueue(batch messages: [Message], from source: ActiveSource)
     func report(_ diagnostic: Diagnostic)
     func makePoster(for source: ActiveSource) -> EventPoster
 }
@@ -30,9 +32,12 @@ public final class Runtime<P: Program>: DriverHost {
     /// The program being run.
     public let program: P
     /// The committed model.
-    public private(set) var model: P.Model
+    /// (Its exclusivity is unchecked, as the runtime's other hot fields:
+    /// the runtime is single-threaded and `update` gets it `inout` from
+    /// this class only; a dynamic check cost a lookup per message.)
+    @exclusivity(unchecked) public private(set) var model: P.Model
     /// Counters: messages, reconciles, driver calls, late deliveries.
-    public private(set) var stats = RuntimeStats()
+    @exclusivity(unchecked) public private(set) var stats = RuntimeStats()
     /// The plan of the last reconcile: empty when it asked the driver for
     /// nothing (or was skipped because an `Equatable` model was unchanged).
     /// `ProgramTester.lastPlan` holds the same value for the same step.
@@ -57,10 +62,14 @@ public final class Runtime<P: Program>: DriverHost {
     let perform: (P.Command, Runtime<P>) -> Void
     let reconciler = Reconciler<P.Message>()
     let inbox: Inbox<P.Message>
-    var mailbox: [Envelope] = []
-    var head = 0
-    var state = State.idle
-    var draining = false
+    @exclusivity(unchecked) var mailbox: [Envelope] = []
+    @exclusivity(unchecked) var head = 0
+    @exclusivity(unchecked) var state = State.idle
+    @exclusivity(unchecked) var draining = false
+    /// The batch `enqueue(batch:from:)` is delivering and the index of its
+    /// next message: what a shutdown during it reports as dropped.
+    @exclusivity(unchecked) var batch: [P.Message] = []
+    @exclusivity(unchecked) var batchNext = 0
     var reconciledModel: P.Model?
     var startCommands: [P.Command]
     var posterSources: [Activation: ActiveSource] = [:]
@@ -196,9 +205,11 @@ public final class Runtime<P: Program>: DriverHost {
         let sources = reconciler.removeAll()
         stats.stops += sources.count
         for s in sources { stop(s) }
-        let dropped = mailbox[head...].map(\.message) + inbox.close().compactMap { envelope($0)?.message } + undelivered
+        let dropped = Array(batch[min(batchNext, batch.count)...]) + mailbox[head...].map(\.message) + inbox.close().compactMap { envelope($0)?.message } + undelivered
         mailbox = []
         head = 0
+        batch = []
+        batchNext = 0
         posterSources = [:]
         if wasAttached { driver.detach() }
         return ShutdownReport(stopped: sources.map(\.id), dropped: dropped, tasks: tasks)
@@ -215,7 +226,7 @@ public final class Runtime<P: Program>: DriverHost {
             while head < mailbox.count {
                 let envelope = mailbox[head]
                 head += 1
-                deliver(envelope)
+                deliver(envelope.message, from: envelope.source, origin: envelope.origin)
                 if state != .running { return }
                 mustReconcile = true
             }
@@ -229,17 +240,18 @@ public final class Runtime<P: Program>: DriverHost {
         }
     }
 
-    private func deliver(_ envelope: Envelope) {
-        if let source = envelope.source, !source.isActive {
+    @inline(__always)
+    private func deliver(_ message: P.Message, from source: ActiveSource?, origin: @autoclosure () -> MessageOrigin) {
+        if let source, !source.isActive {
             stats.lateDeliveries += 1
             report(.lateDelivery(source.id, source.activation))
         }
-        let commands = program.update(&model, envelope.message)
+        let commands = program.update(&model, message)
         stats.messages += 1
         if let transcriptMessage {
-            transcriptMessage(stats.messages - 1, envelope.message, envelope.origin, driver.loopTime, rounds, commands)
+            transcriptMessage(stats.messages - 1, message, origin(), driver.loopTime, rounds, commands)
         } else if let transcript {
-            transcript(.message(TranscriptMessage(index: stats.messages - 1, message: envelope.message, origin: envelope.origin,
+            transcript(.message(TranscriptMessage(index: stats.messages - 1, message: message, origin: origin(),
                                                   time: driver.loopTime, round: rounds, commands: commands)))
         }
         didCommit?(model)
@@ -310,6 +322,33 @@ extension Runtime: MessageSink {
         guard state != .shutDown else { return }
         mailbox.append(Envelope(message: message, source: source, origin: origin))
         if state == .running { drainAndReconcile(force: false) }
+    }
+
+    /// When nothing is draining and the mailbox is empty (a dispatch on the
+    /// loop, the usual case) the batch is delivered straight from the
+    /// array, without an envelope per message; messages sent meanwhile
+    /// queue behind it. Either way one reconcile follows the batch.
+    func enqueue(batch messages: [P.Message], from source: ActiveSource) {
+        guard state != .shutDown, !messages.isEmpty else { return }
+        guard state == .running, !draining, head >= mailbox.count else {
+            let origin = MessageOrigin.source(source.id, source.activation)
+            for m in messages { mailbox.append(Envelope(message: m, source: source, origin: origin)) }
+            if state == .running { drainAndReconcile(force: false) }
+            return
+        }
+        draining = true
+        batch = messages
+        batchNext = 0
+        while batchNext < batch.count {
+            let m = batch[batchNext]
+            batchNext += 1
+            deliver(m, from: source, origin: .source(source.id, source.activation))
+            if state != .running { break }
+        }
+        batch = []
+        batchNext = 0
+        draining = false
+        drainAndReconcile(force: true)
     }
 
     func report(_ diagnostic: Diagnostic) {
