@@ -215,10 +215,146 @@ func ioBenchmark(lines count: Int, connections: Int, rounds: Int, into records: 
                           medianNanos: 1e9 / median(rawAccepts), p99Nanos: 1e9 / (rawAccepts.min() ?? 1), perSubscription: false,
                           extra: [("accepts_per_second", median(rawAccepts))]))
     progress("io accepts: ours \(Int(median(oursAccepts)))/s, hand-written \(Int(median(rawAccepts)))/s, ratio \(format2(median(oursAccepts) / median(rawAccepts)))")
+
+    try ioFloodBenchmark(connections: 100, seconds: rounds > 3 ? 3 : 1, into: &records)
 }
 
 /// `x` with two decimals.
 func format2(_ x: Double) -> String {
     let hundredths = Int((x * 100).rounded())
     return "\(hundredths / 100).\(String(repeating: "0", count: hundredths % 100 < 10 ? 1 : 0))\(hundredths % 100)"
+}
+
+// MARK: A timer's lateness while connections flood
+
+/// What the flood case measures: how late each due time of the timer was
+/// served (ns; a missed one by the tick that covers it) while the flood
+/// runs.
+final class FloodProbe {
+    var origin: UInt64 = 0      // µs, the timer's start (sd_event_now)
+    var interval: UInt64 = 0    // µs
+    var flooding = false
+    var lateness: [Double] = []
+    var ticks = 0
+}
+
+/// A listener, its connections read as lines, and a 10 ms timer whose
+/// ticks' lateness `update` notes (the `SystemdTests.Sockets` flood test's
+/// program, timed as `lateness` times its timer).
+struct FloodBenchProgram: Program {
+    struct Model: Equatable { var open: [Connection] = []; var lines = 0 }
+    enum Message { case listener(ListenerSource.Event), connection(UInt64, DescriptorSource.Event), tick(TimerSource.Event) }
+    let listener: Int32
+    let probe: FloodProbe
+    let interval: Duration
+
+    func start() -> (Model, [Never]) { (Model(), []) }
+
+    func update(_ model: inout Model, _ message: Message) -> [Never] {
+        switch message {
+        case .listener(.accepted(let c)): model.open.append(c)
+        case .connection(_, .line): model.lines += 1
+        case .connection(let id, .endOfFile), .connection(let id, .failed), .connection(let id, .closed):
+            model.open.removeAll { $0.id == id }
+        case .tick(.tick(let t)):
+            // Every due time this tick serves, the missed ones included
+            // (each is as late as this tick).
+            if probe.flooding {
+                probe.ticks += 1
+                let now = monotonicNanos()
+                for k in (t.sequence - min(t.missed, t.sequence - 1))...t.sequence {
+                    probe.lateness.append(Double(now - Int64(probe.origin &+ k &* probe.interval) * 1_000))
+                }
+            }
+        default: break
+        }
+        return []
+    }
+
+    func subscriptions(_ model: Model) -> Subscriptions<Message> {
+        Subscriptions {
+            Subscription.every(interval, key: "flood-timer", leeway: .microseconds(1)) { .tick($0) }
+            Subscription.listen(listener, name: "flood", connectionLimit: 1 << 20) { .listener($0) }
+            model.open.map { c in Subscription.connection(c) { .connection(c.id, $0) } }
+        }
+    }
+}
+
+/// A thread that writes 4 KiB of 64-byte lines to each of `fds` in turn
+/// (non-blocking: a full socket is skipped) until `stop` is set.
+func startFlooder(_ fds: [Int32], stop: UnsafeMutablePointer<Int>) {
+    final class Job: @unchecked Sendable {
+        let fds: [Int32]; let stop: UnsafeMutablePointer<Int>
+        init(_ f: [Int32], _ s: UnsafeMutablePointer<Int>) { fds = f; stop = s }
+    }
+    var thread = pthread_t()
+    pthread_create(&thread, nil, { arg in
+        let job = Unmanaged<Job>.fromOpaque(arg!).takeRetainedValue()
+        var block = [UInt8]()
+        for _ in 0..<64 { block += Array(String(repeating: "z", count: 63).utf8) + [10] }
+        // (A torn line at a full socket only makes the next line longer.)
+        while __atomic_load_stop(job.stop) == 0 {
+            for c in job.fds { _ = block.withUnsafeBytes { send(c, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL)) } }
+        }
+        return nil
+    }, Unmanaged.passRetained(Job(fds, stop)).toOpaque())
+    pthread_detach(thread)
+}
+
+/// The stop flag, read with a compiler barrier on every pass (a plain
+/// load the optimiser could hoist out of the loop otherwise).
+@inline(never) func __atomic_load_stop(_ p: UnsafeMutablePointer<Int>) -> Int { p.pointee }
+
+/// A 10 ms timer through the runtime while `connections` accepted unix
+/// connections flood their subscriptions with lines for `seconds`: each
+/// tick's lateness past its due time (worst, p99, median), and the lines
+/// read meanwhile. The issue's bound: under 10 ms.
+func ioFloodBenchmark(connections: Int, seconds: Int, into records: inout [Record]) throws {
+    let tmp = getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp"
+    var template = Array((tmp + "/reconcile-bench-XXXXXX").utf8CString)
+    guard let dir = mkdtemp(&template) else { fail("mkdtemp") }
+    let path = String(cString: dir) + "/flood.sock"
+    let listener = try SocketActivation.bind(path)
+    defer { close(listener); unlink(path); rmdir(dir) }
+    let interval = Duration.milliseconds(10)
+    let probe = FloodProbe()
+    let loop = try EventLoop()
+    try loop.runOnce(timeout: .zero)
+    let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
+    probe.interval = usec(interval)
+    probe.origin = loop.now()   // what the timer runner reads when it starts, in this same iteration
+    let runtime = Runtime(FloodBenchProgram(listener: listener, probe: probe, interval: interval), driver: driver)
+    try runtime.start()
+    var addr = sockaddr_un()
+    addr.sun_family = sa_family_t(AF_UNIX)
+    withUnsafeMutableBytes(of: &addr.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+    var clients: [Int32] = []
+    for _ in 0..<connections {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        let r = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+            connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) } }
+        precondition(r == 0, "connect")
+        clients.append(fd)
+        if clients.count % 32 == 0 { _ = try loop.runOnce(timeout: .zero) }   // keep the backlog short
+    }
+    _ = try loop.run(until: { runtime.model.open.count == connections }, timeout: .seconds(30))
+    let stop = UnsafeMutablePointer<Int>.allocate(capacity: 1)
+    stop.pointee = 0
+    let linesBefore = runtime.model.lines
+    probe.flooding = true
+    startFlooder(clients, stop: stop)
+    _ = try loop.run(until: { false }, timeout: .seconds(seconds))
+    probe.flooding = false
+    stop.pointee = 1
+    let lines = runtime.model.lines - linesBefore
+    usleep(20_000)   // the flooder's last pass
+    runtime.shutdown()
+    for c in clients { close(c) }
+    let values = probe.lateness
+    let worst = values.max() ?? 0
+    records.append(Record(benchmark: "io-flood", implementation: "ours", size: connections, churn: nil, unit: "tick",
+                          runs: values.count, medianNanos: median(values), p99Nanos: p99(values), perSubscription: false,
+                          extra: [("worst_lateness_ns", worst), ("due_times", Double(values.count)), ("ticks", Double(probe.ticks)), ("seconds", Double(seconds)),
+                                  ("lines_per_second", Double(lines) / Double(seconds))]))
+    progress("io flood (\(connections) connections, \(seconds) s): timer lateness worst \(duration(worst)), p99 \(duration(p99(values))), median \(duration(median(values))); \(probe.ticks) ticks for \(values.count) due times; \(Int(Double(lines) / Double(seconds))) lines/s")
 }

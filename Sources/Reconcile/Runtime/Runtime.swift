@@ -70,6 +70,10 @@ public final class Runtime<P: Program>: DriverHost {
     /// next message: what a shutdown during it reports as dropped.
     @exclusivity(unchecked) var batch: [P.Message] = []
     @exclusivity(unchecked) var batchNext = 0
+    /// A source's batch was delivered and its reconcile left to the next
+    /// pump (`enqueue(batch:from:)`); any reconcile before it clears this.
+    @exclusivity(unchecked) var reconcileDeferred = false
+    var waker: Waker?
     var reconciledModel: P.Model?
     var startCommands: [P.Command]
     var posterSources: [Activation: ActiveSource] = [:]
@@ -124,6 +128,7 @@ public final class Runtime<P: Program>: DriverHost {
         }
         let waker = try driver.attach(self)
         inbox.setWaker(waker)
+        self.waker = waker
         taskRegistry.attach(waker: waker, runner: (driver as? any TaskDriver)?.taskRunner)
         state = .running
         let commands = startCommands
@@ -155,7 +160,7 @@ public final class Runtime<P: Program>: DriverHost {
     public func pumpInbox() {
         guard state == .running else { return }
         moveInbox()
-        drainAndReconcile(force: false)
+        drainAndReconcile(force: reconcileDeferred)
         taskRegistry.checkSettled()
     }
 
@@ -217,7 +222,9 @@ public final class Runtime<P: Program>: DriverHost {
 
     // MARK: - The loop
 
-    private func drainAndReconcile(force: Bool) {
+    /// - Parameter deferReconcile: leave the reconcile these messages need
+    ///   to the next pump (waking the loop for it) instead of running it now.
+    private func drainAndReconcile(force: Bool, deferReconcile: Bool = false) {
         guard state == .running, !draining else { return }
         draining = true
         defer { draining = false }
@@ -234,6 +241,13 @@ public final class Runtime<P: Program>: DriverHost {
             head = 0
             guard mustReconcile else { return }
             mustReconcile = false
+            if deferReconcile {
+                if !reconcileDeferred {
+                    reconcileDeferred = true
+                    waker?()
+                }
+                return
+            }
             reconcile()
             rounds += 1
             if head >= mailbox.count { return }
@@ -262,6 +276,7 @@ public final class Runtime<P: Program>: DriverHost {
     }
 
     private func reconcile() {
+        reconcileDeferred = false
         if let last = reconciledModel, program.isUnchanged(last, model) {
             stats.skippedReconciles += 1
             lastPlan = Plan()
@@ -327,7 +342,11 @@ extension Runtime: MessageSink {
     /// When nothing is draining and the mailbox is empty (a dispatch on the
     /// loop, the usual case) the batch is delivered straight from the
     /// array, without an envelope per message; messages sent meanwhile
-    /// queue behind it. Either way one reconcile follows the batch.
+    /// queue behind it. The reconcile the batch needs is left to the next
+    /// pump (the loop is woken for it): the loop's other ready sources run
+    /// first, so a round over many busy descriptors reconciles once, not
+    /// once per descriptor; any message that reconciles earlier (a timer's
+    /// tick) takes it along.
     func enqueue(batch messages: [P.Message], from source: ActiveSource) {
         guard state != .shutDown, !messages.isEmpty else { return }
         guard state == .running, !draining, head >= mailbox.count else {
@@ -348,7 +367,7 @@ extension Runtime: MessageSink {
         batch = []
         batchNext = 0
         draining = false
-        drainAndReconcile(force: true)
+        drainAndReconcile(force: true, deferReconcile: waker != nil)
     }
 
     func report(_ diagnostic: Diagnostic) {
