@@ -44,30 +44,32 @@ final class TypedOwnerLink<Message>: OwnerLink {
         sink.enqueue(message(for: failure, from: source), from: source)
     }
 
-    /// The batch is tagged at once (with the subscription's own closure when
-    /// it is in no group: no `Any` box or cast per event), then queued as
-    /// one: `update` runs for each in order and one reconcile follows.
+    /// The batch is tagged with the subscription's own closure when it is
+    /// in no group (no `Any` box or cast per event), each event as it is
+    /// delivered; in a group, at once through its mapping. `update` runs
+    /// for each in order and one reconcile follows.
     override func emit<S: Source>(batch events: [S.Event], of kind: S.Type, from source: ActiveSource) {
         guard let sink, !events.isEmpty else { return }
         guard source.isActive else {
             for _ in events { sink.report(.eventAfterStop(source.id, source.activation)) }
             return
         }
+        if source.memo === root, let tagger = source.tagger as? SourceTagger<S, Message> {
+            // Tagged as delivered: no reconcile runs within a batch, so
+            // the tagger is the one it had when the batch was emitted.
+            let body = tagger.body
+            return sink.enqueue(batch: events.count, from: source) { body(events[$0]) }
+        }
         var messages: [Message] = []
         messages.reserveCapacity(events.count)
-        if source.memo === root, let tagger = source.tagger as? SourceTagger<S, Message> {
-            let body = tagger.body
-            for e in events { messages.append(body(e)) }
-        } else {
-            for e in events {
-                guard let m = message(for: e, from: source) else {
-                    sink.report(.eventTypeMismatch(source.id, String(describing: S.Event.self)))
-                    continue
-                }
-                messages.append(m)
+        for e in events {
+            guard let m = message(for: e, from: source) else {
+                sink.report(.eventTypeMismatch(source.id, String(describing: S.Event.self)))
+                continue
             }
+            messages.append(m)
         }
-        sink.enqueue(batch: messages, from: source)
+        sink.enqueue(batch: messages.count, from: source) { messages[$0] }
     }
 
     override func rejectAfterStop(from source: ActiveSource) {

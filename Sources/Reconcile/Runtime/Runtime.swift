@@ -2,8 +2,9 @@
 protocol MessageSink<Message>: AnyObject {
     associatedtype Message
     func enqueue(_ message: Message, from source: ActiveSource?)
-    /// Queues `messages` of `source` in order and processes them as one batch.
-    func enqueue(batch messages: [Message], from source: ActiveSource)
+    /// Queues `count` messages of `source` (`message(i)` makes the i-th, in
+    /// order, each once) and processes them as one batch.
+    func enqueue(batch count: Int, from source: ActiveSource, message: (Int) -> Message)
     func report(_ diagnostic: Diagnostic)
     func makePoster(for source: ActiveSource) -> EventPoster
 }
@@ -66,9 +67,11 @@ public final class Runtime<P: Program>: DriverHost {
     @exclusivity(unchecked) var head = 0
     @exclusivity(unchecked) var state = State.idle
     @exclusivity(unchecked) var draining = false
-    /// The batch `enqueue(batch:from:)` is delivering and the index of its
-    /// next message: what a shutdown during it reports as dropped.
-    @exclusivity(unchecked) var batch: [P.Message] = []
+    /// The batch `enqueue(batch:from:message:)` is delivering (its message
+    /// maker, set only while it runs), its size and the index of its next
+    /// message: what a shutdown during it reports as dropped.
+    @exclusivity(unchecked) var batchMessage: ((Int) -> P.Message)?
+    @exclusivity(unchecked) var batchCount = 0
     @exclusivity(unchecked) var batchNext = 0
     /// A source's batch was delivered and its reconcile left to the next
     /// pump (`enqueue(batch:from:)`); any reconcile before it clears this.
@@ -210,11 +213,11 @@ public final class Runtime<P: Program>: DriverHost {
         let sources = reconciler.removeAll()
         stats.stops += sources.count
         for s in sources { stop(s) }
-        let dropped = Array(batch[min(batchNext, batch.count)...]) + mailbox[head...].map(\.message) + inbox.close().compactMap { envelope($0)?.message } + undelivered
+        let batchRest = batchMessage.map { m in (batchNext..<max(batchNext, batchCount)).map(m) } ?? []
+        batchNext = batchCount
+        let dropped = batchRest + mailbox[head...].map(\.message) + inbox.close().compactMap { envelope($0)?.message } + undelivered
         mailbox = []
         head = 0
-        batch = []
-        batchNext = 0
         posterSources = [:]
         if wasAttached { driver.detach() }
         return ShutdownReport(stopped: sources.map(\.id), dropped: dropped, tasks: tasks)
@@ -347,25 +350,31 @@ extension Runtime: MessageSink {
     /// first, so a round over many busy descriptors reconciles once, not
     /// once per descriptor; any message that reconciles earlier (a timer's
     /// tick) takes it along.
-    func enqueue(batch messages: [P.Message], from source: ActiveSource) {
-        guard state != .shutDown, !messages.isEmpty else { return }
+    func enqueue(batch count: Int, from source: ActiveSource, message: (Int) -> P.Message) {
+        guard state != .shutDown, count > 0 else { return }
         guard state == .running, !draining, head >= mailbox.count else {
             let origin = MessageOrigin.source(source.id, source.activation)
-            for m in messages { mailbox.append(Envelope(message: m, source: source, origin: origin)) }
+            for i in 0..<count { mailbox.append(Envelope(message: message(i), source: source, origin: origin)) }
             if state == .running { drainAndReconcile(force: false) }
             return
         }
         draining = true
-        batch = messages
-        batchNext = 0
-        while batchNext < batch.count {
-            let m = batch[batchNext]
-            batchNext += 1
-            deliver(m, from: source, origin: .source(source.id, source.activation))
-            if state != .running { break }
+        // Each message is made as it is delivered (no array of them); the
+        // maker is reachable from `shutdown` only while this runs.
+        withoutActuallyEscaping(message) { message in
+            batchMessage = message
+            batchCount = count
+            batchNext = 0
+            while batchNext < batchCount {
+                let i = batchNext
+                batchNext += 1
+                deliver(message(i), from: source, origin: .source(source.id, source.activation))
+                if state != .running { break }
+            }
+            batchMessage = nil
+            batchCount = 0
+            batchNext = 0
         }
-        batch = []
-        batchNext = 0
         draining = false
         drainAndReconcile(force: true, deferReconcile: waker != nil)
     }
