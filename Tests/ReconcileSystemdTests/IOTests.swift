@@ -467,10 +467,13 @@ extension SystemdTests.Sockets {
         }
         print("flood: \(h.runtime.model.lines) lines from 100 connections in 1 s; \(ticks.count) ticks, worst lateness \(worst)")
         #expect(h.runtime.model.lines > 10_000)
-        // Not starved (one dispatch's lines are one batch for update; one
-        // reconcile per line gave a single tick in the second). The issue's
-        // 10 ms bound on `worst` is not asserted: a debug build on a shared
-        // 2-core machine shows up to ~110 ms (Docs/IO.md).
-        #expect(ticks.count >= 25)
+        // One dispatch's lines are one batch for update, and a round over
+        // the busy connections reconciles once. The bound (under
+        // 10 ms) is measured in a release build (`reconcile-bench io`, its
+        // io-flood case: 4-11 ms worst); this debug build on a shared
+        // 2-core machine measured 97-100 ticks and 6-12.4 ms worst, so it
+        // asserts what that leaves room for (Docs/IO.md).
+        #expect(ticks.count >= 75)
+        #expect(worst < .milliseconds(40))
     }
 }

@@ -7,6 +7,8 @@ class OwnerLink {
     func poster(for source: ActiveSource) -> EventPoster { EventPoster(activation: source.activation) { _ in .closed } }
     /// An event of a stopped restart attempt of `source` (RestartSupervisor).
     func rejectAfterStop(from source: ActiveSource) {}
+    /// Hands `events` (of source kind `S`) to the program as one batch.
+    func emit<S: Source>(batch events: [S.Event], of kind: S.Type, from source: ActiveSource) {}
 }
 
 final class TypedOwnerLink<Message>: OwnerLink {
@@ -42,6 +44,34 @@ final class TypedOwnerLink<Message>: OwnerLink {
         sink.enqueue(message(for: failure, from: source), from: source)
     }
 
+    /// The batch is tagged with the subscription's own closure when it is
+    /// in no group (no `Any` box or cast per event), each event as it is
+    /// delivered; in a group, at once through its mapping. `update` runs
+    /// for each in order and one reconcile follows.
+    override func emit<S: Source>(batch events: [S.Event], of kind: S.Type, from source: ActiveSource) {
+        guard let sink, !events.isEmpty else { return }
+        guard source.isActive else {
+            for _ in events { sink.report(.eventAfterStop(source.id, source.activation)) }
+            return
+        }
+        if source.memo === root, let tagger = source.tagger as? SourceTagger<S, Message> {
+            // Tagged as delivered: no reconcile runs within a batch, so
+            // the tagger is the one it had when the batch was emitted.
+            let body = tagger.body
+            return sink.enqueue(batch: events.count, from: source) { body(events[$0]) }
+        }
+        var messages: [Message] = []
+        messages.reserveCapacity(events.count)
+        for e in events {
+            guard let m = message(for: e, from: source) else {
+                sink.report(.eventTypeMismatch(source.id, String(describing: S.Event.self)))
+                continue
+            }
+            messages.append(m)
+        }
+        sink.enqueue(batch: messages.count, from: source) { messages[$0] }
+    }
+
     override func rejectAfterStop(from source: ActiveSource) {
         sink?.report(.eventAfterStop(source.id, source.activation))
     }
@@ -50,5 +80,25 @@ final class TypedOwnerLink<Message>: OwnerLink {
         guard let sink else { return super.poster(for: source) }
         source.hasPoster = true
         return sink.makePoster(for: source)
+    }
+}
+
+extension SourceTicket {
+    /// Hands `events` of source kind `S` to the program as one batch, on
+    /// the loop thread: each is tagged now, `update` runs for each in order,
+    /// and one reconcile follows the last (not one per event, as `emit`
+    /// does when nothing is draining). A driver's dispatch that produced
+    /// many events (the lines of one read) uses this.
+    ///
+    /// - Parameters:
+    ///   - events: the events, in order; their number is the dispatch's
+    ///     (bounded) work.
+    ///   - kind: the source kind whose `Event` they are.
+    /// - Returns: false when this ticket cannot take a batch (a restart
+    ///   attempt's ticket): then emit or post the events one by one.
+    package func emit<S: Source>(batch events: [S.Event], of kind: S.Type) -> Bool {
+        guard let source = self as? ActiveSource else { return false }
+        source.link.emit(batch: events, of: kind, from: source)
+        return true
     }
 }

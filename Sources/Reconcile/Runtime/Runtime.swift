@@ -2,6 +2,9 @@
 protocol MessageSink<Message>: AnyObject {
     associatedtype Message
     func enqueue(_ message: Message, from source: ActiveSource?)
+    /// Queues `count` messages of `source` (`message(i)` makes the i-th, in
+    /// order, each once) and processes them as one batch.
+    func enqueue(batch count: Int, from source: ActiveSource, message: (Int) -> Message)
     func report(_ diagnostic: Diagnostic)
     func makePoster(for source: ActiveSource) -> EventPoster
 }
@@ -30,9 +33,12 @@ public final class Runtime<P: Program>: DriverHost {
     /// The program being run.
     public let program: P
     /// The committed model.
-    public private(set) var model: P.Model
+    /// (Its exclusivity is unchecked, as the runtime's other hot fields:
+    /// the runtime is single-threaded and `update` gets it `inout` from
+    /// this class only; a dynamic check cost a lookup per message.)
+    @exclusivity(unchecked) public private(set) var model: P.Model
     /// Counters: messages, reconciles, driver calls, late deliveries.
-    public private(set) var stats = RuntimeStats()
+    @exclusivity(unchecked) public private(set) var stats = RuntimeStats()
     /// The plan of the last reconcile: empty when it asked the driver for
     /// nothing (or was skipped because an `Equatable` model was unchanged).
     /// `ProgramTester.lastPlan` holds the same value for the same step.
@@ -57,10 +63,20 @@ public final class Runtime<P: Program>: DriverHost {
     let perform: (P.Command, Runtime<P>) -> Void
     let reconciler = Reconciler<P.Message>()
     let inbox: Inbox<P.Message>
-    var mailbox: [Envelope] = []
-    var head = 0
-    var state = State.idle
-    var draining = false
+    @exclusivity(unchecked) var mailbox: [Envelope] = []
+    @exclusivity(unchecked) var head = 0
+    @exclusivity(unchecked) var state = State.idle
+    @exclusivity(unchecked) var draining = false
+    /// The batch `enqueue(batch:from:message:)` is delivering (its message
+    /// maker, set only while it runs), its size and the index of its next
+    /// message: what a shutdown during it reports as dropped.
+    @exclusivity(unchecked) var batchMessage: ((Int) -> P.Message)?
+    @exclusivity(unchecked) var batchCount = 0
+    @exclusivity(unchecked) var batchNext = 0
+    /// A source's batch was delivered and its reconcile left to the next
+    /// pump (`enqueue(batch:from:)`); any reconcile before it clears this.
+    @exclusivity(unchecked) var reconcileDeferred = false
+    var waker: Waker?
     var reconciledModel: P.Model?
     var startCommands: [P.Command]
     var posterSources: [Activation: ActiveSource] = [:]
@@ -115,6 +131,7 @@ public final class Runtime<P: Program>: DriverHost {
         }
         let waker = try driver.attach(self)
         inbox.setWaker(waker)
+        self.waker = waker
         taskRegistry.attach(waker: waker, runner: (driver as? any TaskDriver)?.taskRunner)
         state = .running
         let commands = startCommands
@@ -146,7 +163,7 @@ public final class Runtime<P: Program>: DriverHost {
     public func pumpInbox() {
         guard state == .running else { return }
         moveInbox()
-        drainAndReconcile(force: false)
+        drainAndReconcile(force: reconcileDeferred)
         taskRegistry.checkSettled()
     }
 
@@ -196,7 +213,9 @@ public final class Runtime<P: Program>: DriverHost {
         let sources = reconciler.removeAll()
         stats.stops += sources.count
         for s in sources { stop(s) }
-        let dropped = mailbox[head...].map(\.message) + inbox.close().compactMap { envelope($0)?.message } + undelivered
+        let batchRest = batchMessage.map { m in (batchNext..<max(batchNext, batchCount)).map(m) } ?? []
+        batchNext = batchCount
+        let dropped = batchRest + mailbox[head...].map(\.message) + inbox.close().compactMap { envelope($0)?.message } + undelivered
         mailbox = []
         head = 0
         posterSources = [:]
@@ -206,7 +225,9 @@ public final class Runtime<P: Program>: DriverHost {
 
     // MARK: - The loop
 
-    private func drainAndReconcile(force: Bool) {
+    /// - Parameter deferReconcile: leave the reconcile these messages need
+    ///   to the next pump (waking the loop for it) instead of running it now.
+    private func drainAndReconcile(force: Bool, deferReconcile: Bool = false) {
         guard state == .running, !draining else { return }
         draining = true
         defer { draining = false }
@@ -215,7 +236,7 @@ public final class Runtime<P: Program>: DriverHost {
             while head < mailbox.count {
                 let envelope = mailbox[head]
                 head += 1
-                deliver(envelope)
+                deliver(envelope.message, from: envelope.source, origin: envelope.origin)
                 if state != .running { return }
                 mustReconcile = true
             }
@@ -223,23 +244,31 @@ public final class Runtime<P: Program>: DriverHost {
             head = 0
             guard mustReconcile else { return }
             mustReconcile = false
+            if deferReconcile {
+                if !reconcileDeferred {
+                    reconcileDeferred = true
+                    waker?()
+                }
+                return
+            }
             reconcile()
             rounds += 1
             if head >= mailbox.count { return }
         }
     }
 
-    private func deliver(_ envelope: Envelope) {
-        if let source = envelope.source, !source.isActive {
+    @inline(__always)
+    private func deliver(_ message: P.Message, from source: ActiveSource?, origin: @autoclosure () -> MessageOrigin) {
+        if let source, !source.isActive {
             stats.lateDeliveries += 1
             report(.lateDelivery(source.id, source.activation))
         }
-        let commands = program.update(&model, envelope.message)
+        let commands = program.update(&model, message)
         stats.messages += 1
         if let transcriptMessage {
-            transcriptMessage(stats.messages - 1, envelope.message, envelope.origin, driver.loopTime, rounds, commands)
+            transcriptMessage(stats.messages - 1, message, origin(), driver.loopTime, rounds, commands)
         } else if let transcript {
-            transcript(.message(TranscriptMessage(index: stats.messages - 1, message: envelope.message, origin: envelope.origin,
+            transcript(.message(TranscriptMessage(index: stats.messages - 1, message: message, origin: origin(),
                                                   time: driver.loopTime, round: rounds, commands: commands)))
         }
         didCommit?(model)
@@ -250,6 +279,7 @@ public final class Runtime<P: Program>: DriverHost {
     }
 
     private func reconcile() {
+        reconcileDeferred = false
         if let last = reconciledModel, program.isUnchanged(last, model) {
             stats.skippedReconciles += 1
             lastPlan = Plan()
@@ -310,6 +340,43 @@ extension Runtime: MessageSink {
         guard state != .shutDown else { return }
         mailbox.append(Envelope(message: message, source: source, origin: origin))
         if state == .running { drainAndReconcile(force: false) }
+    }
+
+    /// When nothing is draining and the mailbox is empty (a dispatch on the
+    /// loop, the usual case) the batch is delivered straight from the
+    /// array, without an envelope per message; messages sent meanwhile
+    /// queue behind it. The reconcile the batch needs is left to the next
+    /// pump (the loop is woken for it): the loop's other ready sources run
+    /// first, so a round over many busy descriptors reconciles once, not
+    /// once per descriptor; any message that reconciles earlier (a timer's
+    /// tick) takes it along.
+    func enqueue(batch count: Int, from source: ActiveSource, message: (Int) -> P.Message) {
+        guard state != .shutDown, count > 0 else { return }
+        guard state == .running, !draining, head >= mailbox.count else {
+            let origin = MessageOrigin.source(source.id, source.activation)
+            for i in 0..<count { mailbox.append(Envelope(message: message(i), source: source, origin: origin)) }
+            if state == .running { drainAndReconcile(force: false) }
+            return
+        }
+        draining = true
+        // Each message is made as it is delivered (no array of them); the
+        // maker is reachable from `shutdown` only while this runs.
+        withoutActuallyEscaping(message) { message in
+            batchMessage = message
+            batchCount = count
+            batchNext = 0
+            while batchNext < batchCount {
+                let i = batchNext
+                batchNext += 1
+                deliver(message(i), from: source, origin: .source(source.id, source.activation))
+                if state != .running { break }
+            }
+            batchMessage = nil
+            batchCount = 0
+            batchNext = 0
+        }
+        draining = false
+        drainAndReconcile(force: true, deferReconcile: waker != nil)
     }
 
     func report(_ diagnostic: Diagnostic) {

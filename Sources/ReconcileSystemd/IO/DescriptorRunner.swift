@@ -27,13 +27,16 @@ final class DescriptorRunner: RunningSource {
     private let state: IOState
     private var source: OpaquePointer?
     private var lines: LineBuffer
-    private var buffer: [UInt8]
+    /// The most bytes one `read` asks for (reads go to `IOState.readBuffer`).
+    private let readSize: Int
     private var queue: [UInt8] = []
     private var queueStart = 0
     private var reading = true
     private var open = true
-    /// Events go through the runtime's inbox: one dispatch's lines are one
-    /// batch for `update` and one reconcile, not one reconcile per line.
+    /// A dispatch's events are one batch (`SourceTicket.emit(batch:of:)`):
+    /// `update` runs for each line, then one reconcile. A restart attempt's
+    /// ticket takes no batch: its events go through the runtime's inbox
+    /// instead (this poster, made on first use), batched by the pump.
     private var poster: EventPoster?
     /// Events the inbox had no room for, in order; reading waits for them.
     private var backlog: [DescriptorSource.Event] = []
@@ -48,9 +51,9 @@ final class DescriptorRunner: RunningSource {
         state = driver.io
         loop = driver.loop
         switch configuration.framing {
-        case .lines(let limit): lines = LineBuffer(limit: limit); buffer = [UInt8](repeating: 0, count: 16 << 10)
-        case .bytes(let chunk): lines = LineBuffer(limit: 1); buffer = [UInt8](repeating: 0, count: min(max(1, chunk), 64 << 10))
-        case .datagrams(let size): lines = LineBuffer(limit: 1); buffer = [UInt8](repeating: 0, count: max(1, size))
+        case .lines(let limit): lines = LineBuffer(limit: limit); readSize = IOState.readBufferSize
+        case .bytes(let chunk): lines = LineBuffer(limit: 1); readSize = min(max(1, chunk), IOState.readBufferSize)
+        case .datagrams(let size): lines = LineBuffer(limit: 1); readSize = max(1, size)
         }
         let fd = configuration.fd
         if let c = configuration.connection, !state.mayRead(c.id) {
@@ -86,12 +89,14 @@ final class DescriptorRunner: RunningSource {
             throw error
         }
         if let c = configuration.connection { state.adopt(c.id, fd: fd, by: self) }
-        poster = ticket.poster()
     }
 
-    /// Hands `events` to the program in order, through the inbox.
+    /// Hands `events` to the program in order: as one batch when the ticket
+    /// takes one, else through the inbox.
     private func deliver(_ events: [DescriptorSource.Event]) {
-        guard ticket != nil, !events.isEmpty else { return }
+        guard let ticket, !events.isEmpty else { return }
+        if backlogStart == backlog.count, ticket.emit(batch: events, of: DescriptorSource.self) { return }
+        if poster == nil { poster = ticket.poster() }
         if backlogStart < backlog.count {
             backlog.append(contentsOf: events)
         } else {
@@ -163,19 +168,25 @@ final class DescriptorRunner: RunningSource {
     private func readStream() {
         var budget = state.readBudgetPerDispatch
         var events: [DescriptorSource.Event] = []
-        var items: [LineBuffer.Item] = []
         var ended = false
         var failure: Int32 = 0
+        let buffer = state.readBuffer(atLeast: readSize)
         while budget > 0 {
-            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, min($0.count, budget)) }
+            let asked = min(readSize, budget)
+            let n = read(fd, buffer.baseAddress, asked)
             if n > 0 {
                 budget -= n
+                let got = UnsafeRawBufferPointer(rebasing: buffer[..<n])
                 switch configuration.framing {
-                case .lines:
-                    buffer.withUnsafeBytes { lines.feed(UnsafeRawBufferPointer(rebasing: $0[..<n]), into: &items) }
+                case .lines(let limit):
+                    lines.feed(got) { events.append($0.event(limit: limit)) }
                 case .bytes, .datagrams:
-                    events.append(.bytes(Array(buffer[..<n])))
+                    events.append(.bytes(Array(got)))
                 }
+                // A short read took what was there: the next would most
+                // likely say EAGAIN (epoll is level-triggered: more data
+                // dispatches again).
+                if n < asked { break }
             } else if n == 0 {
                 ended = true
                 break
@@ -186,17 +197,13 @@ final class DescriptorRunner: RunningSource {
                 break
             }
         }
-        if ended { lines.finish(into: &items) }
-        if case .lines(let limit) = configuration.framing {
-            events = items.map { item in
-                switch item {
-                case .line(let s): .line(s)
-                case .tooLong: .lineTooLong(limit: limit)
-                }
-            }
+        if ended, case .lines(let limit) = configuration.framing {
+            lines.finish { events.append($0.event(limit: limit)) }
         }
         if ended || failure != 0 { reading = false }
         if ended { events.append(.endOfFile) }
+        // The buffer is not used past here: the program may start a reader
+        // that reads into it before this returns.
         deliver(events)
         if failure != 0 {
             ticket?.fail(SourceFailure(operation: "read(\(fd))", code: failure, reason: errorText(failure)))
@@ -206,18 +213,18 @@ final class DescriptorRunner: RunningSource {
     private func readDatagrams(_ size: Int) {
         var events: [DescriptorSource.Event] = []
         var failure: Int32 = 0
+        let buffer = state.readBuffer(atLeast: size)
         for _ in 0..<Self.datagramBudget {
             var storage = sockaddr_storage()
             var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
-            let n = buffer.withUnsafeMutableBytes { b in
-                withUnsafeMutablePointer(to: &storage) { p in
-                    p.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                        recvfrom(fd, b.baseAddress, b.count, Int32(MSG_TRUNC), $0, &length)
-                    }
+            let n = withUnsafeMutablePointer(to: &storage) { p in
+                p.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    recvfrom(fd, buffer.baseAddress, size, Int32(MSG_TRUNC), $0, &length)
                 }
             }
             if n >= 0 {
-                events.append(.datagram(Array(buffer[..<min(n, size)]), from: peerAddress(storage, length), truncated: n > size))
+                events.append(.datagram(Array(UnsafeRawBufferPointer(rebasing: buffer[..<min(n, size)])),
+                                        from: peerAddress(storage, length), truncated: n > size))
             } else {
                 let e = errno
                 if e == EINTR { continue }
@@ -336,5 +343,16 @@ final class DescriptorRunner: RunningSource {
     deinit {
         release()
         if let retry { sd_event_source_disable_unref(retry) }
+    }
+}
+
+extension LineBuffer.Item {
+    /// The descriptor event of this item (`limit`: the configured maximum).
+    @inline(__always)
+    func event(limit: Int) -> DescriptorSource.Event {
+        switch self {
+        case .line(let s): .line(s)
+        case .tooLong: .lineTooLong(limit: limit)
+        }
     }
 }

@@ -28,6 +28,22 @@ final class IOState {
 
     init(loop: EventLoop) { self.loop = loop }
 
+    /// The size of `readBuffer` unless a datagram source needs more: 64 KiB.
+    static let readBufferSize = 64 << 10
+    private var buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: IOState.readBufferSize, alignment: 16)
+
+    /// The one buffer every descriptor's dispatch reads into, at least
+    /// `count` bytes: one per loop, not one per connection (reads happen on
+    /// the loop thread, and a dispatch has made what it read into events
+    /// before it hands them on).
+    func readBuffer(atLeast count: Int) -> UnsafeMutableRawBufferPointer {
+        if buffer.count < count {
+            buffer.deallocate()
+            buffer = .allocate(byteCount: count, alignment: 16)
+        }
+        return buffer
+    }
+
     /// Descriptors open for reading now (`DescriptorRunner`).
     private(set) var readers = 0
     func readerOpened() { readers += 1 }
@@ -123,7 +139,10 @@ final class IOState {
         releaser = nil
     }
 
-    deinit { detach() }
+    deinit {
+        detach()
+        buffer.deallocate()
+    }
 }
 
 extension SystemdDriver {

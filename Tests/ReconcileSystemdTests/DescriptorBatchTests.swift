@@ -1,0 +1,94 @@
+import CSystemd
+import Glibc
+import Reconcile
+import ReconcileSystemd
+import Testing
+
+/// Collects the lines of one descriptor; the line "stop" asks for the
+/// command `.stop`, the line "off" turns the subscription off.
+struct BatchProgram: Program {
+    struct Model: Equatable { var lines: [String] = []; var ended = false; var on = true }
+    enum Message: Equatable { case descriptor(DescriptorSource.Event) }
+    enum Command { case stop }
+    let fd: Int32
+
+    func start() -> (Model, [Command]) { (Model(), []) }
+
+    func update(_ model: inout Model, _ message: Message) -> [Command] {
+        switch message {
+        case .descriptor(.line(let s)):
+            model.lines.append(s)
+            if s == "stop" { return [.stop] }
+            if s == "off" { model.on = false }
+        case .descriptor(.endOfFile): model.ended = true
+        case .descriptor(.lineTooLong), .descriptor(.bytes), .descriptor(.datagram), .descriptor(.closed), .descriptor(.failed): break
+        }
+        return []
+    }
+
+    func subscriptions(_ model: Model) -> Subscriptions<Message> {
+        guard model.on else { return .none }
+        return Subscriptions { Subscription.lines(fd) { .descriptor($0) } }
+    }
+}
+
+extension SystemdTests.Descriptors {
+    @Test func aDispatchsLinesReachUpdateInOrderWithOneReconcilePerBatchNotPerLine() throws {
+        var pair: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+        defer { close(pair[0]) }
+        let h = try Harness(BatchProgram(fd: pair[0]))
+        let reconcilesBefore = h.runtime.stats.reconciles
+        // 2,000 lines (some split across reads) in a few writes.
+        let lines = (0..<2000).map { "line \($0) " + String(repeating: "x", count: $0 % 97) }
+        let text = Array(lines.joined(separator: "\n").utf8) + [10]
+        var off = 0
+        while off < text.count {
+            let n = text[off...].prefix(40_000).withUnsafeBytes { write(pair[1], $0.baseAddress, $0.count) }
+            #expect(n > 0)
+            off += max(n, 0)
+        }
+        close(pair[1])
+        try h.run(until: { h.runtime.model.ended })
+        #expect(h.runtime.model.lines == lines)
+        let reconciles = h.runtime.stats.reconciles - reconcilesBefore
+        // At most 64 KiB a dispatch: a handful of batches, one reconcile each
+        // at most (one per line would be 2,000).
+        #expect(reconciles >= 1)
+        #expect(reconciles <= 20)
+    }
+
+    @Test func aShutdownInTheMiddleOfABatchReportsTheRestAsDropped() throws {
+        var pair: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+        defer { close(pair[0]); close(pair[1]) }
+        final class Box { var report: ShutdownReport<BatchProgram.Message>? }
+        let box = Box()
+        let h = try Harness(BatchProgram(fd: pair[0])) { command, runtime in
+            if case .stop = command { box.report = runtime.shutdown() }
+        }
+        let text = "a\nstop\nb\nc\n"
+        #expect(write(pair[1], text, text.utf8.count) == text.utf8.count)
+        try h.run(until: { box.report != nil })
+        #expect(h.runtime.model.lines == ["a", "stop"])
+        #expect(box.report?.dropped == [.descriptor(.line("b")), .descriptor(.line("c"))])
+        #expect(box.report?.stopped.count == 1)
+    }
+
+    @Test func theReconcileABatchLeftToThePumpRunsWithNoOtherEvent() throws {
+        var pair: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+        defer { close(pair[0]); close(pair[1]) }
+        let h = try Harness(BatchProgram(fd: pair[0]))
+        #expect(h.runtime.activeIDs.count == 1)
+        let text = "a\noff\nb\n"
+        #expect(write(pair[1], text, text.utf8.count) == text.utf8.count)
+        // One batch: all three lines reach update (the subscription is still
+        // running while its batch is delivered), then the pump's reconcile
+        // stops it; the peer stays open, so nothing else happens.
+        try h.run(until: { h.runtime.activeIDs.isEmpty })
+        #expect(h.runtime.model.lines == ["a", "off", "b"])
+        #expect(h.runtime.stats.lateDeliveries == 0)
+        #expect(h.runtime.stats.stops == 1)
+    }
+}
