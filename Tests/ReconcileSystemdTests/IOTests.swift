@@ -1,7 +1,7 @@
 import CSystemd
 import Foundation
 import Reconcile
-import ReconcileSystemd
+@testable import ReconcileSystemd
 import Synchronization
 import Testing
 
@@ -341,6 +341,9 @@ extension SystemdTests {
             defer { close(client) }
             try h.run(until: { h.runtime.model.connections.count == 1 })
             let connection = h.runtime.model.connections[0]
+            // Its subscription starts with the reconcile after the accept's
+            // batch (the next pump): writes go to a connection it reads.
+            try h.run(until: { h.driver.ioState?.reader(of: connection.id) != nil })
             let chunk = [UInt8](repeating: 7, count: 64 << 10)
             var outcomes: [SystemdDriver.WriteOutcome] = []
             for _ in 0..<200 {

@@ -309,7 +309,7 @@ public final class Runtime<P: Program>: DriverHost {
             for r in actions.retunes { driver.retune(r.source, from: r.from.hashable) }
             PlanRecords.forEach(actions.restarts, offset: PlanRecords.restartNewOffset) { driver.start($0) }
             PlanRecords.forEachStart(actions.starts) { source, box in
-                _ = box.retain()    // the plan's reference (deferred by the reconcile)
+                _ = box.retain()    // the started entry's own reference (deferred by the reconcile)
                 driver.start(source)
             }
         }

@@ -100,7 +100,10 @@ final class BusSignalRunner: RunningSource, BusConnectionClient, BusNameObserver
             }, userdata: Unmanaged.passUnretained(self).toOpaque(), installed: { m, ud, _ in
                 guard let ud, let error = busMethodError(m) else { return 0 }
                 let me = Unmanaged<BusSignalRunner>.fromOpaque(ud).takeUnretainedValue()
-                guard !me.stopped else { return 0 }
+                // A match still pending when the connection drops gets an
+                // error sd-bus makes up while closing: the loss is reported
+                // once, by the connection (`busLost`).
+                guard !me.stopped, sd_bus_is_open(sd_bus_message_get_bus(m)) > 0 else { return 0 }
                 me.ticket.fail(SourceFailure(operation: "AddMatch \(me.configuration.rule)", reason: "the bus refused the match: \(error)"))
                 return 0
             })

@@ -106,9 +106,13 @@ final class ListenerRunner: RunningSource {
             // listener stops accepting until it is restarted.
             sd_event_source_set_enabled(source, Int32(SD_EVENT_OFF))
         }
-        for event in events {
-            guard let ticket else { return }
-            ticket.emit(event)
+        // One batch: one reconcile after the dispatch's accepts, not one per
+        // connection (each a reconcile over every open connection).
+        if let ticket, !ticket.emit(batch: events, of: ListenerSource.self) {
+            for event in events {
+                guard let ticket = self.ticket else { return }
+                ticket.emit(event)
+            }
         }
         if failure != 0 {
             ticket?.fail(SourceFailure(operation: "accept4(\(configuration.fd))", code: failure,
