@@ -54,15 +54,18 @@ struct BusReconnects {
     /// The bus answered: the next loss waits the first delay again.
     mutating func recovered() { schedule?.recovered() }
 
-    /// What the source emits for `decision` with the connection's `delay`:
-    /// `.restarting`, a last failure at the cap, nothing for `.never`.
-    func report(_ decision: RestartSchedule.Decision, after delay: Duration, source: String) -> Result<(Int, Duration), SourceFailure>? {
+    /// Tells the source what `decision` with the connection's `delay` means
+    /// for it: `restarting` (attempt, delay); at the cap, `leave` and then
+    /// one last failure; for `.never`, `leave` only.
+    func announce(_ decision: RestartSchedule.Decision, after delay: Duration, source: String,
+                  restarting: (Int, Duration) -> Void, fail: (SourceFailure) -> Void, leave: () -> Void) {
         switch decision {
-        case .restart(let n, _): return .success((n, delay))
-        case .giveUp(0, _): return nil
+        case .restart(let n, _): restarting(n, delay)
+        case .giveUp(0, _): leave()
         case .giveUp(let n, let window):
-            return .failure(SourceFailure(operation: "reconnect \(source)",
-                                          reason: "gave up after \(n) reconnects within \(window) (the restart policy's cap); the source stays failed until its subscription changes"))
+            leave()
+            fail(SourceFailure(operation: "reconnect \(source)",
+                               reason: "gave up after \(n) reconnects within \(window) (the restart policy's cap); the source stays failed until its subscription changes"))
         }
     }
 }

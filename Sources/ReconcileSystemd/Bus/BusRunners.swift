@@ -71,11 +71,8 @@ final class BusSignalRunner: RunningSource, BusConnectionClient, BusNameObserver
 
     func busReconnecting(_ decision: RestartSchedule.Decision, after delay: Duration) {
         guard !stopped else { return }
-        switch reconnects.report(decision, after: delay, source: "bus-signal \(configuration.rule)") {
-        case .success(let (n, after))?: ticket.emit(BusSignalSource.Event.restarting(attempt: n, after: after))
-        case .failure(let f)?: leave(); ticket.fail(f)
-        case nil: leave()
-        }
+        reconnects.announce(decision, after: delay, source: "bus-signal \(configuration.rule)",
+                            restarting: { ticket.emit(BusSignalSource.Event.restarting(attempt: $0, after: $1)) }, fail: ticket.fail, leave: leave)
     }
 
     func busAnswered() { reconnects.recovered() }
@@ -192,11 +189,8 @@ final class BusNameRunner: RunningSource, BusConnectionClient, BusNameObserver {
 
     func busReconnecting(_ decision: RestartSchedule.Decision, after delay: Duration) {
         guard !stopped else { return }
-        switch reconnects.report(decision, after: delay, source: "bus-name \(configuration.name)") {
-        case .success(let (n, after))?: ticket.emit(BusNameSource.Event.restarting(attempt: n, after: after))
-        case .failure(let f)?: leave(); ticket.fail(f)
-        case nil: leave()
-        }
+        reconnects.announce(decision, after: delay, source: "bus-name \(configuration.name)",
+                            restarting: { ticket.emit(BusNameSource.Event.restarting(attempt: $0, after: $1)) }, fail: ticket.fail, leave: leave)
     }
 
     func busAnswered() { reconnects.recovered() }
@@ -348,11 +342,8 @@ final class BusPropertyRunner: RunningSource, BusConnectionClient, BusNameObserv
     func busReconnecting(_ decision: RestartSchedule.Decision, after delay: Duration) {
         guard !stopped else { return }
         let c = configuration
-        switch reconnects.report(decision, after: delay, source: "bus-property \(c.service) \(c.interface).\(c.property)") {
-        case .success(let (n, after))?: ticket.emit(BusPropertySource.Event.restarting(attempt: n, after: after))
-        case .failure(let f)?: leave(); ticket.fail(f)
-        case nil: leave()
-        }
+        reconnects.announce(decision, after: delay, source: "bus-property \(c.service) \(c.interface).\(c.property)",
+                            restarting: { ticket.emit(BusPropertySource.Event.restarting(attempt: $0, after: $1)) }, fail: ticket.fail, leave: leave)
     }
 
     func busAnswered() { reconnects.recovered() }

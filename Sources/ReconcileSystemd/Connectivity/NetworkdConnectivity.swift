@@ -131,11 +131,8 @@ final class NetworkdConnectivity: RunningSource, BusConnectionClient, BusNameObs
 
     func busReconnecting(_ decision: RestartSchedule.Decision, after delay: Duration) {
         guard !stopped else { return }
-        switch reconnects.report(decision, after: delay, source: "connectivity networkd") {
-        case .success(let (n, after))?: reporter.restarting(attempt: n, after: after)
-        case .failure(let f)?: leave(); reporter.fail(f)
-        case nil: leave()
-        }
+        reconnects.announce(decision, after: delay, source: "connectivity networkd",
+                            restarting: { reporter.restarting(attempt: $0, after: $1) }, fail: reporter.fail, leave: leave)
     }
 
     func busAnswered() { reconnects.recovered() }
