@@ -329,6 +329,38 @@ extension SystemdTests {
             close(second)
         }
 
+        @Test func aGreetingWrittenInTheUpdateThatSawTheAcceptIsSentFirst() throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            let path = dir + "/s.sock"
+            let listener = try listeningUnixSocket(path)
+            let h = try Harness(IOProgram { _ in Subscriptions { Subscription.listen(listener, name: "t", owned: true) { .listener($0) } } })
+            // After the update that saw `.accepted`, before the reconcile that
+            // starts the connection's subscription (as a command would).
+            var outcomes: [SystemdDriver.WriteOutcome] = []
+            h.runtime.didCommit = { model in
+                guard outcomes.isEmpty, let c = model.connections.first else { return }
+                outcomes.append(h.driver.write(Array("hello\n".utf8), to: c))
+                outcomes.append(h.driver.write([UInt8](repeating: 0, count: 64 << 10), to: c))
+            }
+            let client = connectUnix(path)
+            defer { close(client) }
+            try h.run(until: { !outcomes.isEmpty })
+            // Kept (not yet sent), and the one past the 64 KiB limit refused.
+            #expect(outcomes == [.queued(bytes: 6), .closed])
+            var received: [UInt8] = []
+            try h.run(until: {
+                var buffer = [UInt8](repeating: 0, count: 256)
+                let n = recv(client, &buffer, buffer.count, Int32(MSG_DONTWAIT))
+                if n > 0 { received += buffer[..<n] }
+                return received.count >= 6
+            })
+            #expect(String(decoding: received, as: UTF8.self) == "hello\n")
+            // Then writes go through the running subscription.
+            let c = h.runtime.model.connections[0]
+            #expect(h.driver.write(Array("again\n".utf8), to: c) == .sent)
+        }
+
         @Test func aPeerThatNeverReadsHasWritesQueuedToTheLimitThenIsClosedWithAnEvent() throws {
             let dir = try makeTemporaryDirectory()
             defer { removeTree(dir) }

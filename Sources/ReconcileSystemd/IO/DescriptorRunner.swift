@@ -267,6 +267,15 @@ final class DescriptorRunner: RunningSource {
         }
     }
 
+    /// Bytes written to this connection before this subscription took it
+    /// (`IOState.writeEarly`): queued ahead of everything, sent from a
+    /// dispatch once the socket is writable.
+    func queueEarly(_ bytes: [UInt8]) {
+        guard open, !bytes.isEmpty else { return }
+        queue.insert(contentsOf: bytes, at: queueStart)
+        updateEvents()
+    }
+
     func write(_ bytes: [UInt8]) -> SystemdDriver.WriteOutcome {
         guard open, ticket != nil else { return .closed }
         var rest = bytes[...]

@@ -12,6 +12,8 @@ final class IOState {
         let fd: Int32
         weak var listener: ListenerRunner?
         weak var reader: DescriptorRunner?
+        /// Bytes written before a subscription took it (`writeEarly`).
+        var early: [UInt8] = []
         init(fd: Int32, listener: ListenerRunner?) {
             self.fd = fd
             self.listener = listener
@@ -69,6 +71,10 @@ final class IOState {
     func adopt(_ id: UInt64, fd: Int32, by reader: DescriptorRunner) {
         if let entry = connections[id], entry.fd == fd {
             entry.reader = reader
+            if !entry.early.isEmpty {
+                reader.queueEarly(entry.early)
+                entry.early = []
+            }
             return
         }
         let entry = Entry(fd: fd, listener: nil)
@@ -79,6 +85,22 @@ final class IOState {
     /// Whether connection `id` may be read: open, or never a listener's
     /// (one made by `SocketActivation.connection(_:)`).
     func mayRead(_ id: UInt64) -> Bool { connections[id] != nil || id >= nextConnection }
+
+    /// What an accepted connection may hold written before its
+    /// subscription has started (a greeting written in the update that saw
+    /// `.accepted`): 64 KiB.
+    static let earlyWriteLimit = 64 << 10
+
+    /// Keeps `bytes` for accepted connection `id`, which no subscription
+    /// reads yet: the subscription that takes it sends them first. Beyond
+    /// `earlyWriteLimit` in all, or for a connection that is gone, nothing
+    /// is kept (`.closed`).
+    func writeEarly(_ bytes: [UInt8], to id: UInt64) -> SystemdDriver.WriteOutcome {
+        guard let entry = connections[id], entry.reader == nil,
+              entry.early.count + bytes.count <= Self.earlyWriteLimit else { return .closed }
+        entry.early += bytes
+        return .queued(bytes: entry.early.count)
+    }
 
     /// The reader of connection `id`, when a subscription holds it.
     func reader(of id: UInt64) -> DescriptorRunner? { connections[id]?.reader }
@@ -170,13 +192,21 @@ extension SystemdDriver {
     /// subscription's `writeQueueLimit`; beyond it the connection is closed
     /// and its subscription gets `.closed(.writeQueueFull)`.
     ///
+    /// A connection accepted but not yet read by a subscription (a greeting
+    /// written in the update that saw `.accepted`, before the reconcile
+    /// that starts its `Subscription.connection`) keeps up to 64 KiB
+    /// (`.queued`), sent first once its subscription starts; beyond that,
+    /// or if no subscription ever takes it, they are dropped with it.
+    ///
     /// - Parameters:
     ///   - bytes: the bytes to send.
-    ///   - connection: a connection a running `Subscription.connection` reads.
+    ///   - connection: a connection a `Subscription.connection` reads, or
+    ///     one just accepted that it is about to.
     /// - Returns: what became of the write.
     @discardableResult
     public func write(_ bytes: [UInt8], to connection: Connection) -> WriteOutcome {
-        guard let reader = ioState?.reader(of: connection.id) else { return .closed }
+        guard let ioState else { return .closed }
+        guard let reader = ioState.reader(of: connection.id) else { return ioState.writeEarly(bytes, to: connection.id) }
         return reader.write(bytes)
     }
 
