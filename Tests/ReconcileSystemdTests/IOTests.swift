@@ -434,6 +434,9 @@ extension SystemdTests {
             #expect(credentials?.uid == nobody)
             #expect(credentials?.pid == client.pid)
             try h.runtime.send(.set(false))
+            // A connection no subscription took yet is closed after the
+            // reconcile that stopped its listener, from the loop.
+            try h.run(until: { !client.process.isRunning })
             #expect(client.wait() == 0)
         }
     }

@@ -14,6 +14,9 @@ final class IOState {
         weak var reader: DescriptorRunner?
         /// Bytes written before a subscription took it (`writeEarly`).
         var early: [UInt8] = []
+        /// Its listener stopped before a subscription took it: closed after
+        /// that reconcile unless one of its starts took it.
+        var orphaned = false
         init(fd: Int32, listener: ListenerRunner?) {
             self.fd = fd
             self.listener = listener
@@ -27,6 +30,8 @@ final class IOState {
     var lingering: [ObjectIdentifier: ProcessRunner] = [:]
     private var releases: [OpaquePointer] = []
     private var releaser: OpaquePointer?
+    /// A listener stopped with connections no subscription had taken.
+    private var closeOrphans = false
 
     init(loop: EventLoop) { self.loop = loop }
 
@@ -111,24 +116,34 @@ final class IOState {
         entry.listener?.connectionEnded()
     }
 
-    /// `listener` stops: the connections no subscription took are closed
-    /// (returns how many); the others stay with their subscriptions.
-    func listenerStopped(_ listener: ListenerRunner) -> Int {
-        var closedCount = 0
-        for (id, entry) in connections where entry.listener === listener {
+    /// `listener` stops: the connections no subscription has taken are
+    /// closed after the reconcile that stopped it (from a later dispatch),
+    /// so the ones the same reconcile starts reading stay open (a program
+    /// that stops listening in the update that saw an accept keeps what it
+    /// accepted); the others stay with their subscriptions.
+    func listenerStopped(_ listener: ListenerRunner) {
+        var orphans = false
+        for (_, entry) in connections where entry.listener === listener {
             entry.listener = nil
             if entry.reader == nil {
-                Glibc.close(entry.fd)
-                connections[id] = nil
-                closedCount += 1
+                entry.orphaned = true
+                orphans = true
             }
         }
-        return closedCount
+        if orphans {
+            closeOrphans = true
+            armReleaser()
+        }
     }
 
     /// Releases `source` from a later dispatch (it may be the one running now).
     func releaseLater(_ source: OpaquePointer) {
         releases.append(source)
+        armReleaser()
+    }
+
+    /// Runs `releaseNow` from a later dispatch.
+    private func armReleaser() {
         if releaser == nil {
             var s: OpaquePointer?
             let r = sd_event_add_defer(loop.handle, &s, { _, ud in
@@ -145,6 +160,14 @@ final class IOState {
         let all = releases
         releases = []
         for s in all { sd_event_source_disable_unref(s) }
+        if closeOrphans {
+            closeOrphans = false
+            // A stopped listener's connections that no subscription took.
+            for (id, entry) in connections where entry.orphaned && entry.reader == nil {
+                Glibc.close(entry.fd)
+                connections[id] = nil
+            }
+        }
     }
 
     /// The driver detaches: stopped children get up to a second (within

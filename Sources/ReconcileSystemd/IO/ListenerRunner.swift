@@ -124,7 +124,7 @@ final class ListenerRunner: RunningSource {
         ticket = nil
         if let source { sd_event_source_disable_unref(source) }
         source = nil
-        _ = state.listenerStopped(self)
+        state.listenerStopped(self)
         if configuration.ownsDescriptor, configuration.fd >= 0 { Glibc.close(configuration.fd) }
         configuration.fd = -1
     }
