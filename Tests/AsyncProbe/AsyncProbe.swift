@@ -8,6 +8,9 @@
 //               "trigger" calls triggerGracefulShutdown(); SIGTERM works too
 //   early       DaemonService made first thing, "created" said at once (a
 //               test sends SIGTERM then, before the service runs), run, exit
+//   failing     the same, then waits for a stdin line (the test's SIGTERM is
+//               held meanwhile) and runs a service whose daemon cannot be made
+//   dropped     the same, then releases the service without running it
 import Glibc
 import Reconcile
 import ReconcileSystemd
@@ -50,6 +53,14 @@ func makeDaemon(sleeps: Bool = true) throws -> Daemon<SleeperProgram> {
             } failure: { _ in .ended }
         }
     }
+}
+
+/// A line from stdin, read on this thread.
+func lineFromStdin() -> String {
+    var bytes: [UInt8] = []
+    var byte: UInt8 = 0
+    while read(0, &byte, 1) == 1, byte != 10 { bytes.append(byte) }
+    return String(decoding: bytes, as: UTF8.self)
 }
 
 /// A line from stdin, read off the cooperative pool.
@@ -127,8 +138,31 @@ final class LineBox: Sendable {
                 say("error \(error)")
                 exit(3)
             }
+        case "failing":
+            let service = DaemonService<SleeperProgram> { throw DaemonError.serviceAlreadyRan }
+            say("created")
+            say("got \(lineFromStdin())")
+            do {
+                _ = try await service.run()
+                say("exit without error")
+            } catch {
+                say("error \(error)")
+            }
+            exit(3)
+        case "dropped":
+            // The mask systemd starts a service with (the test runner that
+            // spawned us blocks its signals, and a child inherits that).
+            var none = sigset_t()
+            sigemptyset(&none)
+            sigprocmask(SIG_SETMASK, &none, nil)
+            withExtendedLifetime(DaemonService { try makeDaemon(sleeps: false) }) { _ in
+                say("created")
+                say("got \(lineFromStdin())")
+            }
+            say("released")
+            exit(3)
         default:
-            say("usage: reconcile-async-probe main | late | service | early")
+            say("usage: reconcile-async-probe main | late | service | early | failing | dropped")
             exit(2)
         }
     }

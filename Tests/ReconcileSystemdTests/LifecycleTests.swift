@@ -441,6 +441,22 @@ extension SystemdTests {
             #expect(graceful == runs, "\(failures.prefix(10))")
         }
 
+        /// A SIGTERM held by a service that then never runs a loop (its
+        /// daemon cannot be made, or it is released unrun) is not lost: it
+        /// acts once the signals are given back, as it would have without us.
+        @Test(arguments: ["failing", "dropped"])
+        func aSignalHeldByAServiceWhoseLoopNeverRanActsWhenItGivesThemBack(mode: String) throws {
+            let child = try Child(asyncProbe, [mode], input: true)
+            #expect(child.line() == "created")
+            child.signal(SIGTERM)
+            // Held, not acted on: the probe is still there to read its line.
+            child.send("go")
+            #expect(child.line() == "got go")
+            let status = child.wait()
+            #expect(child.process.terminationReason == .uncaughtSignal && status == SIGTERM,
+                    "\(child.process.terminationReason == .exit ? "exit" : "signal") \(status.map(String.init) ?? "?")")
+        }
+
         @Test func asyncRunAfterAnotherAwaitIsAClearError() throws {
             let child = try Child(asyncProbe, ["late"])
             #expect(child.line() == "running")

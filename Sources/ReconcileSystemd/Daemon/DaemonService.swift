@@ -112,7 +112,8 @@ public final class DaemonService<P: Program>: Sendable {
     /// (SIGTERM, SIGINT, SIGHUP...) that arrives before the loop runs is held
     /// and read by the loop once it does (a SIGTERM then is a graceful
     /// shutdown, not a kill). So make the service first thing in `main`,
-    /// before any `await`, and run it: a service never run holds them forever.
+    /// before any `await`, and run it: a service never run holds them until
+    /// it is released (then what it held acts at once).
     /// - Parameter make: builds the daemon; called once, on the thread that runs it.
     public init(_ make: @escaping @Sendable () throws -> Daemon<P>) {
         self.make = make
@@ -122,6 +123,14 @@ public final class DaemonService<P: Program>: Sendable {
 
     /// How the run ended (nil until `run()` returned).
     public var shutdown: DaemonShutdown? { control.state.withLock { $0.shutdown } }
+
+    /// A service that never ran gives the signals back: what it held acts
+    /// now (a SIGTERM sent meanwhile ends the process), later ones as
+    /// before it. (Not while another service's loop has taken them.)
+    deinit {
+        guard !control.state.withLock({ $0.ran }), SignalForwarding.target.load(ordering: .sequentiallyConsistent) == 0 else { return }
+        SignalForwarding.remove(resending: true)
+    }
 
     /// Asks the running daemon to shut down gracefully (as SIGTERM does);
     /// before it runs, makes it stop as soon as it has started. Any thread.
@@ -163,11 +172,16 @@ public final class DaemonService<P: Program>: Sendable {
 
     /// The service thread: signals, the daemon, its run.
     private func runHere() throws -> Int32 {
+        // Registered first: a run that fails before it has a daemon (whose
+        // loop reads them) gives the signals back and sends again what it
+        // held or what waits on this thread, instead of losing them.
+        var madeDaemon = false
+        defer { SignalForwarding.remove(resending: !madeDaemon) }
         try Signals.block()
         let held = try SignalForwarding.install(Signals.notBlockedEverywhere(SignalSource.Signal.allCases))
-        defer { SignalForwarding.remove() }
         let (code, report): (Int32, DaemonShutdown) = try {
             let daemon = try make()
+            madeDaemon = true
             if !held.isEmpty {
                 let names = held.map { SignalSource.Signal(rawValue: $0)?.description ?? "signal \($0)" }
                 daemon.logger.info("held until the loop's thread ran: \(names.joined(separator: ", "))")

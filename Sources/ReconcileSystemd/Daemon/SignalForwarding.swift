@@ -107,15 +107,28 @@ enum SignalForwarding {
     }
 
     /// Puts the replaced dispositions back; later signals act as before.
-    static func remove() {
-        replaced.withLock { replaced in
+    /// - Parameter resending: no loop read the signals (its run failed before
+    ///   it had a daemon, or never came): those still held, and those
+    ///   forwarded to the calling thread but not read, are sent to the
+    ///   process again, so they act now as they would have without us (a
+    ///   SIGTERM then ends the process).
+    static func remove(resending: Bool = false) {
+        var waiting = sigset_t()
+        sigemptyset(&waiting)
+        if resending { sigpending(&waiting) }
+        let restored: [Int32] = replaced.withLock { replaced in
             for (signo, var old) in replaced { sigaction(signo, &old, nil) }
-            replaced = [:]
+            defer { replaced = [:] }
+            return Array(replaced.keys)
         }
         ignored.withLock { $0 = [] }
         target.store(0, ordering: .sequentiallyConsistent)
-        held.store(0, ordering: .sequentiallyConsistent)
+        let pending = held.exchange(0, ordering: .sequentiallyConsistent)
         claimed.store(0, ordering: .sequentiallyConsistent)
+        guard resending else { return }
+        for signo in restored.sorted() where pending & (1 << UInt64(signo - 1)) != 0 || sigismember(&waiting, signo) == 1 {
+            kill(getpid(), signo)
+        }
     }
 
     /// Whether `signal` is forwarded now (or ignored, so no thread takes it).

@@ -85,6 +85,10 @@ final class TimerRunner: DriverRunner {
             try check("sd_event_add_time", sd_event_add_time(
                 loop.handle, &s, clock, due, leeway,
                 { _, _, ud in
+                    // No retain: the runner owns this source and outlives its
+                    // dispatch (a stop from inside `fire` parks or releases the
+                    // source but the runner itself stays in the pool or with
+                    // its ticket until after the callback; `emit` is the last use).
                     Unmanaged<TimerRunner>.fromOpaque(ud!)._withUnsafeGuaranteedRef { $0.fire() }
                     return 0
                 }, Unmanaged.passUnretained(self).toOpaque()))
