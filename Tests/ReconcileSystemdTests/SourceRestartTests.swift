@@ -56,6 +56,27 @@ struct BusRestartWatcher: Program {
     }
 }
 
+/// `count` bus names on one bus, each with the same restart policy.
+struct ManyNames: Program {
+    struct Model { var events: [BusNameSource.Event] = [] }
+    enum Message { case event(BusNameSource.Event) }
+    let bus: BusAddress
+    let count: Int
+    let restart: RestartPolicy
+    func start() -> (Model, [Never]) { (Model(), []) }
+    func update(_ m: inout Model, _ message: Message) -> [Never] {
+        switch message {
+        case .event(let e): m.events.append(e)
+        }
+        return []
+    }
+    func subscriptions(_ m: Model) -> Subscriptions<Message> {
+        Subscriptions {
+            for i in 0..<count { Subscription.busName(bus: bus, name: "org.example.N\(i)", restart: restart) { .event($0) } }
+        }
+    }
+}
+
 extension Child {
     /// The next line not starting with `prefix` (a retry's announcement).
     func line(skipping prefix: String, timeout: Duration = .seconds(10)) -> String? {
@@ -258,6 +279,83 @@ extension SystemdTests {
             try h.run(for: .milliseconds(200))
             #expect(of("never") == ["vanished", "failed"])
             #expect(!of("signal").contains("failed") || of("signal").filter { $0 == "failed" }.count == 1)
+        }
+
+        @Test func aRestartingListenersAcceptsOfOneDispatchAreOneBatchAndOneReconcile() throws {
+            let directory = try makeTemporaryDirectory()
+            defer { removeTree(directory) }
+            let path = directory + "/sock"
+            let policy = RestartPolicy.backoff(initial: .milliseconds(10), jitter: 0, attempts: 1000)
+            let h = try Harness(TimedRecorder<ListenerSource> { tag in
+                Subscription.listen(address: path, name: "web", restart: policy, tag)
+            })
+            try h.run(until: { access(path, F_OK) == 0 })
+            // Eight clients queue in the backlog before the loop runs again:
+            // one dispatch accepts them all, on the restart attempt's ticket.
+            var clients: [Int32] = []
+            defer { clients.forEach { close($0) } }
+            for _ in 0..<8 {
+                let c = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+                var addr = sockaddr_un()
+                addr.sun_family = sa_family_t(AF_UNIX)
+                withUnsafeMutableBytes(of: &addr.sun_path) { b in
+                    for (i, byte) in path.utf8.enumerated() { b[i] = byte }
+                }
+                let ok = withUnsafePointer(to: &addr) { p in
+                    p.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(c, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) == 0 }
+                }
+                try #require(ok)
+                clients.append(c)
+            }
+            let before = h.runtime.stats.reconciles
+            func accepted() -> Int { h.runtime.model.events.filter { if case .accepted = $0.0 { true } else { false } }.count }
+            try h.run(until: { accepted() == 8 && h.runtime.stats.reconciles > before })
+            try h.run(for: .milliseconds(50))
+            #expect(accepted() == 8)
+            // One reconcile for the eight (one per accept before the attempt's ticket took batches).
+            #expect(h.runtime.stats.reconciles - before == 1)
+            #expect(!h.runtime.model.events.contains { if case .failed = $0.0 { true } else { false } })
+        }
+
+        @Test func oneReconnectAttemptOfFiftyBusSourcesOnOneConnectionIsOneReconcile() throws {
+            let bus = try PrivateBus()
+            let every = RestartPolicy.backoff(initial: .milliseconds(150), factor: 1, maximum: .milliseconds(150), jitter: 0, attempts: 1000)
+            let h = try Harness(ManyNames(bus: bus.busAddress, count: 50, restart: every))
+            func count(_ match: (BusNameSource.Event) -> Bool) -> Int { h.runtime.model.events.filter(match).count }
+            func restarting(_ n: Int) -> Int { count { if case .restarting(n, _) = $0 { true } else { false } } }
+            try h.run(until: { count { $0 == .vanished } == 50 })
+            // Killed by its PID: each source fails once, then every refused
+            // reconnect is one `.restarting` on each of the 50.
+            bus.kill()
+            try h.run(until: { restarting(1) == 50 })
+            try h.run(for: .milliseconds(30))
+            var reconciles: [Int] = []
+            for attempt in 2...4 {
+                let before = h.runtime.stats.reconciles
+                try h.run(until: { restarting(attempt) == 50 && h.runtime.stats.reconciles > before })
+                try h.run(for: .milliseconds(30))
+                #expect(restarting(attempt + 1) == 0, "the settle overran the next attempt")
+                reconciles.append(h.runtime.stats.reconciles - before)
+            }
+            #expect(reconciles == [1, 1, 1], "reconciles per reconnect attempt of 50 sources")
+            #expect(count { if case .failed = $0 { true } else { false } } == 50)
+            // Back: every name is followed again (no owner: `.vanished`).
+            try bus.start()
+            try h.run(until: { count { $0 == .vanished } == 100 }, timeout: .seconds(5))
+        }
+    }
+}
+
+extension SystemdTests {
+    /// The core names Linux's signal numbers without Glibc (`LinuxSignal`):
+    /// they are Glibc's.
+    @Suite struct SignalNumbers {
+        @Test func theCoresSignalNumbersAreGlibcs() {
+            #expect(LinuxSignal.hangup == SIGHUP)
+            #expect(LinuxSignal.interrupt == SIGINT)
+            #expect(LinuxSignal.brokenPipe == SIGPIPE)
+            #expect(LinuxSignal.terminate == SIGTERM)
+            #expect(ProcessSource.cleanSignals == [SIGHUP, SIGINT, SIGPIPE, SIGTERM])
         }
     }
 }

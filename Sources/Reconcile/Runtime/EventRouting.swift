@@ -94,11 +94,19 @@ extension SourceTicket {
     ///   - events: the events, in order; their number is the dispatch's
     ///     (bounded) work.
     ///   - kind: the source kind whose `Event` they are.
-    /// - Returns: false when this ticket cannot take a batch (a restart
-    ///   attempt's ticket): then emit or post the events one by one.
+    ///   A restart attempt's ticket takes a batch too: its supervisor hands
+    ///   the events up to an end on as one batch, and ends the attempt at
+    ///   the end (`RestartSupervisor`).
+    /// - Returns: false when this ticket cannot take a batch (one that is
+    ///   neither the runtime's nor an attempt's): then emit or post the
+    ///   events one by one.
     package func emit<S: Source>(batch events: [S.Event], of kind: S.Type) -> Bool {
-        guard let source = self as? ActiveSource else { return false }
-        source.link.emit(batch: events, of: kind, from: source)
+        if let source = self as? ActiveSource {
+            source.link.emit(batch: events, of: kind, from: source)
+            return true
+        }
+        guard let attempt = self as? AttemptTicket else { return false }
+        attempt.deliver(batch: events, of: kind)
         return true
     }
 }

@@ -212,11 +212,12 @@ public enum ConnectivitySource: Source {
         case restarting(attempt: Int, after: Duration)
     }
 
-    /// The retry a connectivity watch gets unless told otherwise: 100 ms
-    /// doubling to 5 s, no jitter, no cap (it retries as long as it is
-    /// wanted). With `.never` a failed backend stays failed until its
-    /// subscription changes; at a cap it reports one last failure.
-    public static let defaultRetry = RestartPolicy.backoff(Backoff(initial: .milliseconds(100), factor: 2, maximum: .seconds(5)))
+    /// The retry a connectivity watch gets unless told otherwise: a bus
+    /// source's (`BusAddress.defaultReconnect`: 100 ms doubling to 5 s, no
+    /// jitter, no cap; it retries as long as it is wanted). With `.never` a
+    /// failed backend stays failed until its subscription changes; at a cap
+    /// it reports one last failure.
+    public static let defaultRetry = BusAddress.defaultReconnect
 
     /// `.failed(failure)`.
     public static func failed(_ failure: SourceFailure) -> Event { .failed(failure) }

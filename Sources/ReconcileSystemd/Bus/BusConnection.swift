@@ -27,46 +27,27 @@ extension BusConnectionClient {
     func busAnswered() {}
 }
 
-/// A bus source's side of its restart policy: its own schedule, whether it
-/// gave up (then it ignores the bus until its subscription changes).
-struct BusReconnects {
-    private var schedule: RestartSchedule?
-    /// It follows the bus no more: `.never` after a loss, or its cap reached.
-    private(set) var gaveUp = false
-
-    init(_ policy: RestartPolicy) {
-        if case .backoff(let b) = policy { schedule = RestartSchedule(b) }
+/// A bus source's side of its restart policy: its own attempts (a
+/// `RetryAttempts`; once it gave up it ignores the bus until its
+/// subscription changes); the connection arms the one timer.
+extension RetryAttempts {
+    /// Hands a bus source's `.restarting` to the program as a batch of one:
+    /// its `update` runs now and the reconcile is left to the runtime's next
+    /// pump, so one reconnect attempt announced to every source on the
+    /// connection is one reconcile, not one per source.
+    static func announceRestarting<S: Source>(_ event: S.Event, of kind: S.Type, to ticket: SourceTicket) {
+        if !ticket.emit(batch: [event], of: kind) { ticket.emit(event) }
     }
 
-    /// The decision after a loss at `now` (`.giveUp(0, 0)` for `.never`).
-    mutating func decide(at now: Duration) -> RestartSchedule.Decision {
-        guard !gaveUp, var s = schedule else {
-            gaveUp = true
-            return .giveUp(attempts: 0, within: .zero)
-        }
-        var random = SystemRandomNumberGenerator()
-        let d = s.next(at: now, random: &random)
-        schedule = s
-        if case .giveUp = d { gaveUp = true }
-        return d
-    }
-
-    /// The bus answered: the next loss waits the first delay again.
-    mutating func recovered() { schedule?.recovered() }
-
-    /// Tells the source what `decision` with the connection's `delay` means
-    /// for it: `restarting` (attempt, delay); at the cap, `leave` and then
-    /// one last failure; for `.never`, `leave` only.
+    /// Tells the bus source `source` what `decision` with the connection's
+    /// `delay` means for it: `restarting` (attempt, delay); at the cap,
+    /// `leave` and then one last failure; for `.never`, `leave` only.
     func announce(_ decision: RestartSchedule.Decision, after delay: Duration, source: String,
                   restarting: (Int, Duration) -> Void, fail: (SourceFailure) -> Void, leave: () -> Void) {
-        switch decision {
-        case .restart(let n, _): restarting(n, delay)
-        case .giveUp(0, _): leave()
-        case .giveUp(let n, let window):
-            leave()
-            fail(SourceFailure(operation: "reconnect \(source)",
-                               reason: "gave up after \(n) reconnects within \(window) (the restart policy's cap); the source stays failed until its subscription changes"))
-        }
+        Self.announce(decision, after: delay, restarting: restarting, capReached: { n, window in
+            fail(RestartPolicy.capReached(operation: "reconnect \(source)", attempts: n, retries: "reconnects", within: "\(window)",
+                                          then: "; the source stays failed until its subscription changes"))
+        }, leave: leave)
     }
 }
 
@@ -89,13 +70,10 @@ protocol BusNameObserver: AnyObject {
 /// matches and reads again. Names are tracked here once per name for all sources
 /// (NameOwnerChanged plus GetNameOwner), so owner checks compare unique names.
 final class BusConnection {
-    /// Reconnect delays: 100 ms, 200 ms, ... at most 5 s (`BusAddress.defaultReconnect`).
-    static let defaultBackoff: Backoff = {
-        guard case .backoff(let b) = BusAddress.defaultReconnect else { return Backoff(initial: .milliseconds(100), maximum: .seconds(5)) }
-        return b
-    }()
-    static let reconnectInitial = UInt64(defaultBackoff.initial.saturatingMicroseconds)
-    static let reconnectMaximum = UInt64(defaultBackoff.maximum.saturatingMicroseconds)
+    /// The first and the longest reconnect delay (µs) of the connection's
+    /// own schedule, `BusAddress.defaultReconnect` (100 ms doubling to 5 s).
+    static let reconnectInitial = UInt64(BusAddress.defaultReconnect.backoffSchedule?.initial.saturatingMicroseconds ?? 0)
+    static let reconnectMaximum = UInt64(BusAddress.defaultReconnect.backoffSchedule?.maximum.saturatingMicroseconds ?? 0)
     /// How long a new connection may take to answer its first call.
     static let answerTimeout: UInt64 = 5_000_000
 
@@ -108,7 +86,7 @@ final class BusConnection {
     private var answerTimer: EventSource?
     /// The connection's own schedule (`BusAddress.defaultReconnect`), for
     /// clients without a policy of their own.
-    private lazy var retry = RetryTimer(loop: loop, backoff: Self.defaultBackoff) { [unowned self] in
+    private lazy var retry = Retry(loop: loop, policy: BusAddress.defaultReconnect) { [unowned self] in
         connect()
     }
     private var attempts = 0
@@ -248,7 +226,7 @@ final class BusConnection {
             switch result {
             case .success:
                 answerTimer?.close(); answerTimer = nil
-                retry.reset()
+                retry.recovered()
                 attempts = 0
                 for c in Array(clients.values) { c.client.busAnswered() }
             case .failure(let e):
@@ -314,8 +292,7 @@ final class BusConnection {
             decisions.append((c, d))
             if case .restart(_, let after) = d { shortest = min(shortest ?? after, after) }
         }
-        if followsDefault {
-            let d = retry.nextDelay()
+        if followsDefault, case .restart(_, let d) = retry.decide() {
             shortest = min(shortest ?? d, d)
         }
         var armed: Duration?

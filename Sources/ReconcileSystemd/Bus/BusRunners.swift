@@ -42,7 +42,7 @@ final class BusSignalRunner: RunningSource, BusConnectionClient, BusNameObserver
     private var expectedSender: String?
     private let tracksOwner: Bool
     private var stopped = false
-    private var reconnects: BusReconnects
+    private var reconnects: RetryAttempts
     /// It left the connection (stopped, or gave up reconnecting).
     private var left = false
 
@@ -50,7 +50,7 @@ final class BusSignalRunner: RunningSource, BusConnectionClient, BusNameObserver
         self.ticket = ticket
         self.configuration = configuration
         self.connection = connection
-        reconnects = BusReconnects(configuration.restart)
+        reconnects = RetryAttempts(configuration.restart)
         tracksOwner = configuration.sender.map(isWellKnown) ?? false
         if !tracksOwner { expectedSender = configuration.sender }
         if tracksOwner, let sender = configuration.sender { connection.watchName(sender, self) }
@@ -72,7 +72,7 @@ final class BusSignalRunner: RunningSource, BusConnectionClient, BusNameObserver
     func busReconnecting(_ decision: RestartSchedule.Decision, after delay: Duration) {
         guard !stopped else { return }
         reconnects.announce(decision, after: delay, source: "bus-signal \(configuration.rule)",
-                            restarting: { ticket.emit(BusSignalSource.Event.restarting(attempt: $0, after: $1)) }, fail: ticket.fail, leave: leave)
+                            restarting: { RetryAttempts.announceRestarting(BusSignalSource.Event.restarting(attempt: $0, after: $1), of: BusSignalSource.self, to: ticket) }, fail: ticket.fail, leave: leave)
     }
 
     func busAnswered() { reconnects.recovered() }
@@ -159,7 +159,7 @@ final class BusNameRunner: RunningSource, BusConnectionClient, BusNameObserver {
     /// What was last reported: nil nothing (or a failure since).
     private var reported: String??
     private var stopped = false
-    private var reconnects: BusReconnects
+    private var reconnects: RetryAttempts
     /// It left the connection (stopped, or gave up reconnecting).
     private var left = false
 
@@ -167,7 +167,7 @@ final class BusNameRunner: RunningSource, BusConnectionClient, BusNameObserver {
         self.ticket = ticket
         self.configuration = configuration
         self.connection = connection
-        reconnects = BusReconnects(configuration.restart)
+        reconnects = RetryAttempts(configuration.restart)
         connection.register(self)
         connection.watchName(configuration.name, self)
     }
@@ -190,7 +190,7 @@ final class BusNameRunner: RunningSource, BusConnectionClient, BusNameObserver {
     func busReconnecting(_ decision: RestartSchedule.Decision, after delay: Duration) {
         guard !stopped else { return }
         reconnects.announce(decision, after: delay, source: "bus-name \(configuration.name)",
-                            restarting: { ticket.emit(BusNameSource.Event.restarting(attempt: $0, after: $1)) }, fail: ticket.fail, leave: leave)
+                            restarting: { RetryAttempts.announceRestarting(BusNameSource.Event.restarting(attempt: $0, after: $1), of: BusNameSource.self, to: ticket) }, fail: ticket.fail, leave: leave)
     }
 
     func busAnswered() { reconnects.recovered() }
@@ -228,7 +228,7 @@ final class BusPropertyRunner: RunningSource, BusConnectionClient, BusNameObserv
     private var vanishedReported = false
     private var read: BusPendingCall?
     private var stopped = false
-    private var reconnects: BusReconnects
+    private var reconnects: RetryAttempts
     /// It left the connection (stopped, or gave up reconnecting).
     private var left = false
 
@@ -236,7 +236,7 @@ final class BusPropertyRunner: RunningSource, BusConnectionClient, BusNameObserv
         self.ticket = ticket
         self.configuration = configuration
         self.connection = connection
-        reconnects = BusReconnects(configuration.restart)
+        reconnects = RetryAttempts(configuration.restart)
         connection.register(self)
         connection.watchName(configuration.service, self)
     }
@@ -343,7 +343,7 @@ final class BusPropertyRunner: RunningSource, BusConnectionClient, BusNameObserv
         guard !stopped else { return }
         let c = configuration
         reconnects.announce(decision, after: delay, source: "bus-property \(c.service) \(c.interface).\(c.property)",
-                            restarting: { ticket.emit(BusPropertySource.Event.restarting(attempt: $0, after: $1)) }, fail: ticket.fail, leave: leave)
+                            restarting: { RetryAttempts.announceRestarting(BusPropertySource.Event.restarting(attempt: $0, after: $1), of: BusPropertySource.self, to: ticket) }, fail: ticket.fail, leave: leave)
     }
 
     func busAnswered() { reconnects.recovered() }

@@ -71,7 +71,10 @@ final class ConnectivityReporter {
 
     /// The backend retries (attempt `attempt`) after `after`.
     func restarting(attempt: Int, after: Duration) {
-        ticket.emit(ConnectivitySource.Event.restarting(attempt: attempt, after: after))
+        // A batch of one: a bus reconnect announced to every source on the
+        // connection is one reconcile (`RetryAttempts.announceRestarting`).
+        RetryAttempts.announceRestarting(ConnectivitySource.Event.restarting(attempt: attempt, after: after), of: ConnectivitySource.self,
+                                         to: ticket)
     }
 
     /// New filters, settle or granularity: the backend recomputes and offers

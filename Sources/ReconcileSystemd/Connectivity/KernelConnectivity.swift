@@ -45,7 +45,8 @@ final class KernelConnectivity: RunningSource {
 /// Only messages from the kernel (sender port id 0) are believed.
 /// A dump that cannot be asked for (`sendto` fails) or that the kernel
 /// refuses is reported through `onFailure` (the program's failure event) and
-/// retried as a full resync on a loop timer with backoff (100 ms doubling to
+/// retried as a full resync on a loop timer (a `Retry` under the restart
+/// policy, by default `ConnectivitySource.defaultRetry`: 100 ms doubling to
 /// 5 s, back to 100 ms once a full resync completes); nothing is reported from
 /// the stale table meanwhile. A read that fails for any other reason than an
 /// overrun (ENOMEM, say) is handled the same way: its socket is not read until
@@ -57,15 +58,13 @@ final class NetlinkWatcher {
     private let onFailure: (SourceFailure) -> Void
     private let logger: DaemonLogger
     private let loop: EventLoop
-    private let restart: RestartPolicy
     private let onRestarting: (Int, Duration) -> Void
-    /// The restart policy's cap was reached: no resync is scheduled any more.
-    private var gaveUp = false
-    private lazy var retry = RetryTimer(loop: loop, backoff: {
-        if case .backoff(let b) = restart { b } else { Backoff(initial: .zero, maximum: .zero) }
-    }(), capped: true) { [unowned self] in
+    /// The resync's retries under the restart policy (its cap reached: no
+    /// resync is scheduled any more, until a full resync completes).
+    private lazy var retry = Retry(loop: loop, policy: restart) { [unowned self] in
         resync()
     }
+    private let restart: RestartPolicy
     /// A resync was started at once because its timer could not be made
     /// (once per run of failures: reset when a full resync completes).
     private var resyncedWithoutTimer = false
@@ -241,20 +240,17 @@ final class NetlinkWatcher {
         onFailure(failure)
         // The program may have stopped this watcher: then nothing is retried
         // (nor with `.never`, nor once the policy's cap was reached).
-        guard !stopped, !retry.isArmed, !gaveUp, case .backoff = restart else { return }
-        do {
-            switch retry.decide() {
-            case .restart(let n, let after):
-                let delay = try retry.arm(after: after)
-                retries += 1
-                logger.warning("connectivity: \(failure), resyncing in \(delay / 1000) ms", ["RETRY": "\(retries)"])
-                onRestarting(n, after)
-            case .giveUp(let n, let window):
-                gaveUp = true
-                onFailure(SourceFailure(operation: "resync", code: failure.code,
-                                        reason: "gave up after \(n) resyncs within \(window) (the restart policy's cap); the kernel backend stays stale"))
-            }
-        } catch {
+        guard !stopped, !retry.isArmed else { return }
+        switch retry.next() {
+        case .never: return
+        case .restarting(let n, let after):
+            retries += 1
+            logger.warning("connectivity: \(failure), resyncing in \(retry.lastDelay / 1000) ms", ["RETRY": "\(retries)"])
+            onRestarting(n, after)
+        case .gaveUp(let n, let window):
+            onFailure(RestartPolicy.capReached(operation: "resync", code: failure.code, attempts: n, retries: "resyncs", within: "\(window)",
+                                               then: "; the kernel backend stays stale"))
+        case .cannotArm(let error):
             onFailure(SourceFailure(operation: error.function, code: error.errno,
                                     reason: "cannot schedule the netlink resync; the kernel backend stays stale"))
             // No timer will resync: resync now, once per run of failures
@@ -389,8 +385,7 @@ final class NetlinkWatcher {
             // link dump that works while the route dump keeps failing must
             // not keep the retry at its first delay).
             resyncing = false
-            retry.reset()
-            gaveUp = false
+            retry.recovered()
             resyncedWithoutTimer = false
         }
         if routeDumpWanted {

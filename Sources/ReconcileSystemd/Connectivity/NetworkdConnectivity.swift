@@ -92,7 +92,7 @@ final class NetworkdConnectivity: RunningSource, BusConnectionClient, BusNameObs
     private var stopped = false
     /// The kernel's per-interface detail and default route, beside networkd's verdict.
     private var kernel: NetlinkWatcher?
-    private var reconnects: BusReconnects
+    private var reconnects: RetryAttempts
     /// It left the connection (stopped, or gave up reconnecting).
     private var left = false
 
@@ -100,7 +100,7 @@ final class NetworkdConnectivity: RunningSource, BusConnectionClient, BusNameObs
         reporter = ConnectivityReporter(ticket: ticket, configuration: configuration, loop: context.loop)
         logger = context.logger
         connection = context.driver.buses.connection(.system)
-        reconnects = BusReconnects(configuration.restart)
+        reconnects = RetryAttempts(configuration.restart)
         do {
             kernel = try NetlinkWatcher(receiveBuffer: configuration.receiveBuffer, loop: context.loop, logger: context.logger,
                                         onTable: { [weak self] _ in self?.report() }, onFailure: { [weak self] f in

@@ -133,13 +133,12 @@ final class FileWatchRunner: DriverRunner {
     private var flush: OpaquePointer?
     /// Started and not stopped since.
     private var running = false
-    /// Made at the first failure (most watches never fail), again when
-    /// a start's policy differs from its backoff.
-    private var retry: RetryTimer?
+    /// Made at the first failure (most watches never fail); it follows the
+    /// policy of the start that failed (another policy starts its schedule
+    /// from the beginning). Its cap reached: no more retries in this failure.
+    private var retry: Retry?
     /// The configuration's restart policy.
     private var policy = FileWatchSource.defaultRetry
-    /// The policy's cap was reached in this failure: no more retries.
-    private var gaveUp = false
     /// The retry armed since the last flush, to announce.
     private var restartToReport: (attempt: Int, after: Duration)?
     /// What the path named when last resolved.
@@ -183,11 +182,10 @@ final class FileWatchRunner: DriverRunner {
         failure = nil
         failureToReport = nil
         restartToReport = nil
-        gaveUp = false
         policy = c.restart
         needsRearm = false
         touched = false
-        retry?.reset()
+        retry?.recovered()
         if flush == nil {
             var s: OpaquePointer?
             try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in
@@ -436,9 +434,8 @@ final class FileWatchRunner: DriverRunner {
             let recovering = failure != nil
             if recovering {
                 failure = nil
-                gaveUp = false
                 restartToReport = nil
-                retry?.reset()
+                retry?.recovered()
             }
             if let event = now.change(from: before, touched: wasTouched, recovering: recovering) { record(event) }
         case .failure(let f):
@@ -452,27 +449,20 @@ final class FileWatchRunner: DriverRunner {
     private func fail(_ f: SourceFailure) {
         if failure != f { failureToReport = f }
         failure = f
-        guard case .backoff(let backoff) = policy, !gaveUp else { return }
-        if let r = retry, r.backoff != backoff {
-            r.close()
-            retry = nil
+        guard policy != .never else { return }
+        if let retry { retry.follow(policy) } else {
+            retry = Retry(loop: loop, policy: policy) { [unowned self] in scheduleRearm() }
         }
-        if retry == nil {
-            retry = RetryTimer(loop: loop, backoff: backoff, capped: true) { [unowned self] in scheduleRearm() }
-        }
-        switch retry!.decide() {
-        case .restart(let n, let after):
-            do {
-                try retry!.arm(after: after)
-                restartToReport = (n, after)
-            } catch {
-                failureToReport = SystemdError("\(error.function) (file watch retry)", errno: error.errno).failure
-            }
-        case .giveUp(let n, let window):
-            gaveUp = true
+        switch retry!.next() {
+        case .never: return
+        case .restarting(let n, let after):
+            restartToReport = (n, after)
+        case .cannotArm(let error):
+            failureToReport = SystemdError("\(error.function) (file watch retry)", errno: error.errno).failure
+        case .gaveUp(let n, let window):
             restartToReport = nil
-            failureToReport = SourceFailure(operation: "watch \(path)", code: f.code,
-                                            reason: "gave up after \(n) retries within \(window) (the restart policy's cap): \(f.reason)")
+            failureToReport = RestartPolicy.capReached(operation: "watch \(path)", code: f.code, attempts: n, retries: "retries",
+                                                       within: "\(window)", then: ": \(f.reason)")
         }
     }
 

@@ -6,8 +6,8 @@ import Reconcile
 // `RestartSchedule` (the library's one backoff), its clock is one sd-event
 // one-shot timer per restarting source (`LoopTimer`). Restarting
 // subscriptions (`RestartSupervisor`, run by `SystemdDriver`) and the
-// backends' own retries (`RetryTimer`: the bus reconnect, the netlink
-// resync, a failed file watch's re-arming) both use it.
+// backends' own retries (`Retry`: the bus reconnect, the netlink resync, a
+// failed file watch's re-arming) both use it.
 
 /// One one-shot timer source on the loop, made at the first `arm` and armed
 /// again for the next (no new source per retry, so a retry that could be
@@ -64,63 +64,123 @@ final class LoopTimer: RestartTimer {
     deinit { source?.close() }
 }
 
-/// A backend's retry on the loop: delays from a `RestartSchedule` that
-/// doubles from `initial` up to `maximum`, without jitter or cap (a backend
-/// retries as long as it runs), back to `initial` after `reset()`; the
-/// timer is a `LoopTimer`.
-final class RetryTimer {
-    private var delays: RestartSchedule
+/// One source's retries under its restart policy, without a timer: the
+/// attempts counted by the policy's `RestartSchedule` (jitter from the
+/// system's generator), whether it gave up (`.never` after a failure, or
+/// its cap reached). A bus source keeps one and its connection arms the
+/// one timer (`BusConnection`); every other retry is a `Retry`.
+struct RetryAttempts {
+    /// The policy the attempts follow.
+    private(set) var policy: RestartPolicy
+    private var schedule: RestartSchedule?
+    /// It retries no more: `.never` after a failure, or its cap reached.
+    private(set) var gaveUp = false
+
+    init(_ policy: RestartPolicy) {
+        self.policy = policy
+        schedule = policy.backoffSchedule.map(RestartSchedule.init)
+    }
+
+    /// Follows `policy` from now: another policy starts its schedule from
+    /// the beginning; the same one changes nothing.
+    mutating func follow(_ policy: RestartPolicy) {
+        if policy != self.policy { self = RetryAttempts(policy) }
+    }
+
+    /// The decision after a failure at `now` (`.giveUp(0, 0)` for `.never`,
+    /// and after it gave up).
+    mutating func decide(at now: Duration) -> RestartSchedule.Decision {
+        guard !gaveUp, var s = schedule else {
+            gaveUp = true
+            return .giveUp(attempts: 0, within: .zero)
+        }
+        var random = SystemRandomNumberGenerator()
+        let d = s.next(at: now, random: &random)
+        schedule = s
+        if case .giveUp = d { gaveUp = true }
+        return d
+    }
+
+    /// The source works again: the next failure waits the first delay
+    /// again, and it retries again if it had given up. (The cap's window
+    /// still counts the retries it made.)
+    mutating func recovered() {
+        schedule?.recovered()
+        gaveUp = false
+    }
+
+    /// Tells the source what `decision`, armed after `delay`, means for it:
+    /// `restarting` (attempt, delay); at the cap, `leave` and then
+    /// `capReached` (attempts, window); for `.never`, `leave` only.
+    static func announce(_ decision: RestartSchedule.Decision, after delay: Duration, restarting: (Int, Duration) -> Void,
+                         capReached: (Int, Duration) -> Void, leave: () -> Void) {
+        switch decision {
+        case .restart(let n, _): restarting(n, delay)
+        case .giveUp(0, _): leave()
+        case .giveUp(let n, let window):
+            leave()
+            capReached(n, window)
+        }
+    }
+}
+
+/// A source's retry on the loop, the one driver-side helper every backend
+/// retry uses (the bus connection's reconnect, the netlink resync, a failed
+/// file watch's re-arming): its attempts are a `RetryAttempts` (counted by
+/// the policy's `RestartSchedule`), its timer a `LoopTimer` armed through
+/// the checked `usec` conversion, and `next()` says what the source
+/// announces (`.restarting`, the cap's last failure, nothing for `.never`).
+final class Retry {
+    /// What a failure came to.
+    enum Step {
+        /// Attempt `attempt` is armed after `after`: announce `.restarting`.
+        case restarting(attempt: Int, after: Duration)
+        /// The cap is reached (`attempts` within `within`): one last failure.
+        case gaveUp(attempts: Int, within: Duration)
+        /// `.never` (or it gave up before): nothing is retried or announced.
+        case never
+        /// The timer could not be armed (the attempt counted).
+        case cannotArm(SystemdError)
+    }
+
+    private(set) var attempts: RetryAttempts
+    private let loop: EventLoop
     private let timer: LoopTimer
     /// A retry is armed and has not run.
     var isArmed: Bool { timer.isArmed }
     /// The delay of the last retry armed (µs).
     private(set) var lastDelay: UInt64 = 0
+    /// The policy the retries follow.
+    var policy: RestartPolicy { attempts.policy }
+    /// It retries no more (until `recovered()`).
+    var gaveUp: Bool { attempts.gaveUp }
 
-    /// A retry with delays from `initial` to `maximum` microseconds.
-    convenience init(loop: EventLoop, initial: UInt64, maximum: UInt64, action: @escaping () -> Void) {
-        self.init(loop: loop, backoff: Backoff(initial: .microseconds(Int64(clamping: initial)), factor: 2,
-                                               maximum: .microseconds(Int64(clamping: maximum))), action: action)
-    }
-
-    /// The backoff its delays come from.
-    let backoff: Backoff
-    private let loop: EventLoop
-
-    /// A retry with the delays of `backoff` (its jitter drawn from the
-    /// system's generator); its cap ignored unless `capped` (then
-    /// `decide()` gives up once it is reached).
-    init(loop: EventLoop, backoff: Backoff, capped: Bool = false, action: @escaping () -> Void) {
-        var schedule = backoff
-        if !capped { schedule.attempts = .max }
-        self.backoff = backoff
+    /// Retries under `policy`; `action` runs on the loop when one is due.
+    init(loop: EventLoop, policy: RestartPolicy, action: @escaping () -> Void) {
+        attempts = RetryAttempts(policy)
         self.loop = loop
-        delays = RestartSchedule(schedule)
         timer = LoopTimer(loop: loop, action: action)
     }
 
-    /// The schedule's decision now (the loop's monotonic time counts the
-    /// cap's window), not armed: `arm(after:)` the delay of a `.restart`.
-    func decide() -> RestartSchedule.Decision {
-        var random = SystemRandomNumberGenerator()
-        return delays.next(at: .microseconds(Int64(clamping: loop.now(CLOCK_MONOTONIC))), random: &random)
+    /// The loop's monotonic now (what the cap's window counts).
+    private var now: Duration { .microseconds(Int64(clamping: loop.now(CLOCK_MONOTONIC))) }
+
+    /// The schedule's decision now, not armed: `arm(after:)` the delay of a `.restart`.
+    func decide() -> RestartSchedule.Decision { attempts.decide(at: now) }
+
+    /// After a failure: decides and arms the retry.
+    func next() -> Step {
+        guard !attempts.gaveUp, policy != .never else { return .never }
+        switch decide() {
+        case .restart(let n, let after):
+            do { try arm(after: after) } catch { return .cannotArm(error) }
+            return .restarting(attempt: n, after: after)
+        case .giveUp(let n, let window):
+            return .gaveUp(attempts: n, within: window)
+        }
     }
 
-    /// Arms the retry after the schedule's next delay (again, if one is
-    /// armed) and returns that delay (µs).
-    @discardableResult
-    func schedule() throws(SystemdError) -> UInt64 {
-        try arm(after: nextDelay())
-    }
-
-    /// Draws the schedule's next delay (the attempt counts) without arming.
-    func nextDelay() -> Duration {
-        var random = SystemRandomNumberGenerator()
-        guard case .restart(_, let after) = delays.next(at: .zero, random: &random) else { return .microseconds(Int64(clamping: lastDelay)) }
-        return after
-    }
-
-    /// Arms the retry after `delay` (one a caller's schedules chose, or
-    /// `nextDelay()`) and returns it (µs).
+    /// Arms the retry after `delay` (again, if one is armed) and returns it (µs).
     @discardableResult
     func arm(after delay: Duration) throws(SystemdError) -> UInt64 {
         let micros = usec(delay)
@@ -129,8 +189,11 @@ final class RetryTimer {
         return micros
     }
 
-    /// The next retry comes after the first delay again (after a success).
-    func reset() { delays.recovered() }
+    /// Follows `policy` from now (another one starts from its first attempt).
+    func follow(_ policy: RestartPolicy) { attempts.follow(policy) }
+
+    /// The source works again (see `RetryAttempts.recovered()`).
+    func recovered() { attempts.recovered() }
 
     /// Cancels an armed retry and releases the timer source.
     func close() { timer.cancel() }

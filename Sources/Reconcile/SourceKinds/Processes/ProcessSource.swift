@@ -100,7 +100,8 @@ public enum ProcessSource: RestartableSource {
 
     /// The signals whose kill counts as a clean end (`SIGHUP`, `SIGINT`,
     /// `SIGPIPE`, `SIGTERM` on Linux), as systemd's `Restart=on-failure` counts them.
-    public static let cleanSignals: Set<Int32> = [1, 2, 13, 15]
+    public static let cleanSignals: Set<Int32> = [LinuxSignal.hangup, LinuxSignal.interrupt, LinuxSignal.brokenPipe,
+                                                  LinuxSignal.terminate]
 
     /// Which output stream a line came from.
     public enum Stream: String, Hashable, Sendable {
@@ -175,4 +176,18 @@ extension Subscription {
                                           restart: restart, restartOn: restartOn),
                      tag: tag)
     }
+}
+
+/// Linux's numbers of the signals the pure core names (it cannot import
+/// Glibc); the one place they are written. A driver-side test checks each
+/// against Glibc's constant (`SignalNumbers`).
+package enum LinuxSignal {
+    /// `SIGHUP`.
+    package static let hangup: Int32 = 1
+    /// `SIGINT`.
+    package static let interrupt: Int32 = 2
+    /// `SIGPIPE`.
+    package static let brokenPipe: Int32 = 13
+    /// `SIGTERM`.
+    package static let terminate: Int32 = 15
 }

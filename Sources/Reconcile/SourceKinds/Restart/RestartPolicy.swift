@@ -2,7 +2,7 @@
 // delays it gives (jitter bounds included) and the cap on attempts in a
 // window. The one backoff of the library: the drivers' restarts
 // (`RestartSupervisor`) and the sd-event backends' retries (file watch,
-// netlink resync, bus reconnect: `RetryTimer` in ReconcileSystemd) all take
+// netlink resync, bus reconnect: `Retry` in ReconcileSystemd) all take
 // their delays from a `RestartSchedule`.
 
 /// How a source restarts after it failed or ended.
@@ -25,6 +25,20 @@ public enum RestartPolicy: Hashable, Sendable, CustomStringConvertible {
     public static func backoff(initial: Duration = .milliseconds(100), factor: Double = 2, maximum: Duration = .seconds(30),
                                jitter: Double = 0.2, attempts: Int = 10, within window: Duration = .seconds(60)) -> RestartPolicy {
         .backoff(Backoff(initial: initial, factor: factor, maximum: maximum, jitter: jitter, attempts: attempts, window: window))
+    }
+
+    /// The backoff, or nil for `never`.
+    package var backoffSchedule: Backoff? {
+        if case .backoff(let b) = self { b } else { nil }
+    }
+
+    /// The one last failure of a source whose retries reached the cap:
+    /// "gave up after `attempts` `retries` within `window` (the restart
+    /// policy's cap)" and what that leaves (`then`, from its punctuation on).
+    package static func capReached(operation: String, code: Int32? = nil, attempts: Int, retries: String, within window: String,
+                                   then: String) -> SourceFailure {
+        SourceFailure(operation: operation, code: code,
+                      reason: "gave up after \(attempts) \(retries) within \(window) (the restart policy's cap)\(then)")
     }
 
     /// `never`, or the backoff's description.

@@ -51,10 +51,14 @@ extension RestartableSource {
         guard let configuration = ticket.configuration(as: Self.self), case .backoff(let b) = restartPolicy(configuration) else { return nil }
         return b
     }
-    static func isEndEvent(_ event: Any, of ticket: SourceTicket) -> Bool {
-        guard let event = event as? Event else { return false }
-        guard let configuration = ticket.configuration(as: Self.self) else { return isEnd(event) }
-        return isEnd(event, configuration: configuration)
+    /// Whether an event ends the source under `ticket`'s configuration as
+    /// it is now (looked up once, here: the supervisor keeps the test until
+    /// the configuration changes).
+    static func endTest(of ticket: SourceTicket) -> (Any) -> Bool {
+        guard let configuration = ticket.configuration(as: Self.self) else {
+            return { event in (event as? Event).map { isEnd($0) } ?? false }
+        }
+        return { event in (event as? Event).map { isEnd($0, configuration: configuration) } ?? false }
     }
     static func isRecoveryEvent(_ event: Any) -> Bool { (event as? Event).map(isRecovery) ?? true }
     static func restartingEvent(_ attempt: Int, _ after: Duration) -> Any { restarting(attempt: attempt, after: after) }
@@ -105,6 +109,11 @@ package final class RestartSupervisor {
     package private(set) var started = 0
     /// When the current (or last) attempt started.
     private var startedAt: Duration = .zero
+    /// Whether an event ends the source, for the configuration in
+    /// `endTestBox` (the subscription's configuration is looked up again
+    /// only when a retune replaced its box, not per event).
+    private var endTest: (Any) -> Bool
+    private var endTestBox: HashableBox
 
     /// The supervisor for `ticket` when its kind is restartable and its
     /// configuration asks for a backoff; nil otherwise (and for an attempt).
@@ -117,11 +126,22 @@ package final class RestartSupervisor {
         self.outer = ticket
         self.kind = kind
         self.schedule = RestartSchedule(backoff)
+        endTest = kind.endTest(of: ticket)
+        endTestBox = ticket.configurationBox
         self.host = host
     }
 
     /// The running attempt's ticket (nil while a restart is waiting).
     package var currentAttempt: SourceTicket? { current }
+
+    /// Whether `event` ends the source under `outer`'s current configuration.
+    private func isEnd(_ event: Any, of outer: SourceTicket) -> Bool {
+        if outer.configurationBox !== endTestBox {
+            endTest = kind.endTest(of: outer)
+            endTestBox = outer.configurationBox
+        }
+        return endTest(event)
+    }
 
     /// Starts the first attempt.
     package func start() { launch() }
@@ -151,12 +171,41 @@ package final class RestartSupervisor {
 
     fileprivate func emitted(_ event: Any, by attempt: AttemptTicket) {
         guard attempt === current, let outer else { return attempt.rejected() }
-        if kind.isEndEvent(event, of: outer) { return ended(attempt, report: { outer.emit(event) }) }
+        if isEnd(event, of: outer) { return ended(attempt, report: { outer.emit(event) }) }
         if !healthy, kind.isRecoveryEvent(event) {
             healthy = true
             schedule.recovered()
         }
         outer.emit(event)
+    }
+
+    /// A batch of the current attempt: the events before its first end are
+    /// one batch on the subscription's ticket (a recovery among them counts
+    /// as one), then the end ends the attempt; what follows it is refused
+    /// like any event of a stopped attempt.
+    fileprivate func emitted<S: Source>(batch events: [S.Event], of source: S.Type, by attempt: AttemptTicket) {
+        guard attempt === current, let outer else {
+            for _ in events { attempt.rejected() }
+            return
+        }
+        let end = events.firstIndex { isEnd($0, of: outer) }
+        let delivered = events[..<(end ?? events.endIndex)]
+        if !healthy, delivered.contains(where: { kind.isRecoveryEvent($0) }) {
+            healthy = true
+            schedule.recovered()
+        }
+        if !delivered.isEmpty {
+            // The subscription's ticket is the runtime's: it takes the batch.
+            if !outer.emit(batch: Array(delivered), of: source) { for e in delivered { outer.emit(e) } }
+        }
+        guard let end else { return }
+        // The program may have stopped the subscription (or this attempt) meanwhile.
+        guard !stopped, attempt === current else {
+            for _ in events[end...] { attempt.rejected() }
+            return
+        }
+        ended(attempt, report: { outer.emit(events[end]) })
+        for _ in events[(end + 1)...] { attempt.rejected() }
     }
 
     fileprivate func failed(_ failure: SourceFailure, by attempt: AttemptTicket) {
@@ -205,8 +254,8 @@ package final class RestartSupervisor {
         case .restart(let n, let delay):
             outer.emit(kind.restartingEvent(n, delay))
         case .giveUp(let n, let window):
-            outer.fail(SourceFailure(operation: "restart \(outer.id)",
-                                     reason: "gave up after \(n) restarts within \(window.short) (the restart policy's cap); the source stays stopped until its subscription changes"))
+            outer.fail(RestartPolicy.capReached(operation: "restart \(outer.id)", attempts: n, retries: "restarts", within: window.short,
+                                                then: "; the source stays stopped until its subscription changes"))
         }
     }
 }
@@ -232,6 +281,15 @@ final class AttemptTicket: SourceTicket {
     override func emit(_ event: Any) {
         guard isActive, let supervisor else { return rejected() }
         supervisor.emitted(event, by: self)
+    }
+
+    /// A batch of the attempt's events (`SourceTicket.emit(batch:of:)`).
+    func deliver<S: Source>(batch events: [S.Event], of kind: S.Type) {
+        guard isActive, let supervisor else {
+            for _ in events { rejected() }
+            return
+        }
+        supervisor.emitted(batch: events, of: kind, by: self)
     }
 
     override func fail(_ failure: SourceFailure) {
