@@ -247,6 +247,16 @@ public final class VirtualDriver: Driver {
         return accepts(ticket.source, event)
     }
 
+    /// Delivers `events` from the running source `id` as one batch, as a
+    /// driver's dispatch does (`SourceTicket.emit(batch:of:)`): through its
+    /// current attempt when it restarts. Returns false when `id` is not
+    /// running or its ticket takes no batch.
+    @discardableResult
+    package func emit<S: Source>(batch events: [S.Event], of kind: S.Type, to id: SubscriptionID) -> Bool {
+        guard let ticket = target(id) else { return false }
+        return ticket.emit(batch: events, of: kind)
+    }
+
     /// Reports a failure of the running source `id`.
     @discardableResult
     public func fail(_ id: SubscriptionID, _ failure: SourceFailure) -> Bool {

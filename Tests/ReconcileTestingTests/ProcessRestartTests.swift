@@ -42,6 +42,30 @@ import Testing
         #expect(rt.model.events.filter { if case .restarting = $0 { true } else { false } }.count == 3)
     }
 
+    @Test func aBatchOnARestartingSourceIsDeliveredUpToItsEndWhichRestartsAndTheRestIsRefused() throws {
+        let driver = VirtualDriver()
+        let rt = Runtime(program(.backoff(initial: .seconds(1), jitter: 0)), driver: driver)
+        try rt.start()
+        driver.runUntilIdle()
+        let dropped = rt.stats.droppedEvents
+        // One dispatch's events on the attempt's ticket: taken as a batch.
+        #expect(driver.emit(batch: [ProcessSource.Event.started(pid: 7), .output(.stdout, "x"), .exited(status: 3), .output(.stdout, "late")],
+                            of: ProcessSource.self, to: id.id))
+        driver.runUntilIdle()
+        #expect(rt.model.events == [.started(pid: 7), .output(.stdout, "x"), .exited(status: 3), .restarting(attempt: 1, after: .seconds(1))])
+        // What followed the end belongs to a stopped attempt.
+        #expect(rt.stats.droppedEvents == dropped + 1)
+        driver.advance(by: .seconds(1))
+        #expect(driver.attempts(of: id.id) == 2)
+        // Output is no recovery, in a batch too: the next delay doubles.
+        #expect(driver.emit(batch: [ProcessSource.Event.started(pid: 8), .output(.stdout, "y"), .exited(status: 3)], of: ProcessSource.self, to: id.id))
+        driver.runUntilIdle()
+        #expect(rt.model.events.last == .restarting(attempt: 2, after: .seconds(2)))
+        // Between attempts nothing takes a batch.
+        #expect(!driver.emit(batch: [ProcessSource.Event.output(.stdout, "z")], of: ProcessSource.self, to: id.id))
+        #expect(driver.contractViolations.isEmpty)
+    }
+
     @Test func aDeadChildsPosterIsClosedAndItsLateLinesNeverReachTheProgram() throws {
         let driver = VirtualDriver()
         let rt = Runtime(program(.backoff(initial: .seconds(1), jitter: 0)), driver: driver)
