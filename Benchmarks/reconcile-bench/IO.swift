@@ -102,6 +102,10 @@ final class RawCounter {
 /// against a hand-written accept loop.
 func ioBenchmark(lines count: Int, connections: Int, rounds: Int, into records: inout [Record]) throws {
     var ours: [Double] = [], raw: [Double] = [], rawUpdate: [Double] = []
+    // Lines `update` saw per reconcile (about: per dispatch's batch), which
+    // says how much per-dispatch work (epoll, the batch, the reconcile of a
+    // changed model) each line carries.
+    var linesPerReconcile: [Double] = []
     for _ in 0..<rounds {
         // Ours.
         do {
@@ -117,6 +121,7 @@ func ioBenchmark(lines count: Int, connections: Int, rounds: Int, into records: 
             let elapsed = Double(monotonicNanos() - began)
             if runtime.model.lines != count { warn("io: ours read \(runtime.model.lines) of \(count) lines") }
             ours.append(Double(count) / (elapsed / 1e9))
+            linesPerReconcile.append(Double(runtime.stats.messages) / Double(max(1, runtime.stats.reconciles + runtime.stats.skippedReconciles)))
             runtime.shutdown()
             close(pair[0])
         }
@@ -175,14 +180,15 @@ func ioBenchmark(lines count: Int, connections: Int, rounds: Int, into records: 
     records.append(Record(benchmark: "io", implementation: "ours", size: count, churn: nil, unit: "line", runs: rounds,
                           medianNanos: 1e9 / median(ours), p99Nanos: 1e9 / (ours.min() ?? 1), perSubscription: false,
                           extra: [("lines_per_second", median(ours)), ("ratio_to_raw", median(ours) / median(raw)),
-                                  ("ratio_to_raw_update", median(ours) / median(rawUpdate))]))
+                                  ("ratio_to_raw_update", median(ours) / median(rawUpdate)),
+                                  ("lines_per_reconcile", median(linesPerReconcile))]))
     records.append(Record(benchmark: "io", implementation: "raw", size: count, churn: nil, unit: "line", runs: rounds,
                           medianNanos: 1e9 / median(raw), p99Nanos: 1e9 / (raw.min() ?? 1), perSubscription: false,
                           extra: [("lines_per_second", median(raw))]))
     records.append(Record(benchmark: "io", implementation: "raw-update", size: count, churn: nil, unit: "line", runs: rounds,
                           medianNanos: 1e9 / median(rawUpdate), p99Nanos: 1e9 / (rawUpdate.min() ?? 1), perSubscription: false,
                           extra: [("lines_per_second", median(rawUpdate))]))
-    progress("io lines: ours \(Int(median(ours)))/s, hand-written sd_event_add_io \(Int(median(raw)))/s, ratio \(format2(median(ours) / median(raw))); hand-written + update per line \(Int(median(rawUpdate)))/s, ratio \(format2(median(ours) / median(rawUpdate)))")
+    progress("io lines: ours \(Int(median(ours)))/s, hand-written sd_event_add_io \(Int(median(raw)))/s, ratio \(format2(median(ours) / median(raw))); hand-written + update per line \(Int(median(rawUpdate)))/s, ratio \(format2(median(ours) / median(rawUpdate))); \(Int(median(linesPerReconcile))) lines per reconcile")
 
     // Connections accepted per second.
     // The hand-written accept loop closes each connection at once; the
