@@ -210,6 +210,23 @@ extension SystemdTests {
             #expect(h.driver.runningCount == 1)
         }
 
+        @Test func queuesNoTimerUsesAreDroppedPastTheLimitAndTheOthersKeepTicking() throws {
+            let live = EventSourceAccounting.live
+            // 20 accuracies: 20 queues, each with its own sd-event source.
+            let many = (0..<20).map { Named.Timer(name: "l\($0)", interval: .seconds(60), leeway: .microseconds(Int64(1 + $0))) }
+            let ticking = Named.Timer(name: "tick", interval: .milliseconds(10))
+            let (h, _) = try started(many + [ticking])
+            #expect(EventSourceAccounting.live == live + 1 + 20)
+            // They stop; a timer of yet another accuracy drops the queues no
+            // timer uses (past 16), not the one "tick" runs on.
+            try h.runtime.send(.set([ticking]))
+            try h.runtime.send(.set([ticking, .init(name: "new", interval: .milliseconds(15), leeway: .microseconds(500))]))
+            #expect(EventSourceAccounting.live == live + 1 + 2)
+            try h.run(until: { (h.runtime.model.seen["tick"]?.count ?? 0) >= 3 && (h.runtime.model.seen["new"]?.count ?? 0) >= 2 })
+            _ = h.runtime.shutdown()
+            #expect(EventSourceAccounting.live == live)
+        }
+
         @Test func aDebouncedPhaseAdvancedBeforeItsTimerFiresNeverDeliversAStalePhase() throws {
             // Twenty phases, each replacing the last's one-shot before it is
             // due (its stop takes it off the shared queue): only the last fires.
