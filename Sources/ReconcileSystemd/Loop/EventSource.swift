@@ -2,9 +2,11 @@ import CSystemd
 import Synchronization
 
 /// sd-event sources created by Reconcile and not yet destroyed by sd-event
-/// (counted down from each source's destroy callback; a timer's when its
-/// runner releases it, see `EventSource.accountReleasedByOwner()`). Tests use it to show
-/// start-once / stop-once at the sd-event level.
+/// (counted down from each source's destroy callback): every source the
+/// drivers hold, kept ones included (a timer queue's parked source, a
+/// stopped file watch's flush source). Timers share one source per clock
+/// and accuracy (`TimerQueue`), so they count one per queue, not one per
+/// timer. Tests use it to show that nothing is left on the loop.
 ///
 /// Both counts live in one word (live in the low 32 bits, created in the
 /// high 32, wrapping after 2^32 creations), so a creation is one atomic
@@ -47,16 +49,6 @@ final class EventSource {
         EventSourceAccounting.countCreation()
         sd_event_source_set_destroy_callback(handle) { _ in EventSourceAccounting.countDestruction() }
     }
-
-    /// Counts a source in `EventSourceAccounting` whose owner counts it down
-    /// itself (`releasedByOwner()`) when it releases its only reference with
-    /// `sd_event_source_disable_unref` (sd-event frees it then, or as soon as
-    /// a dispatch of it in progress returns): no destroy callback to set and
-    /// call per source (timers: two C calls fewer per start and stop).
-    static func accountReleasedByOwner() { EventSourceAccounting.countCreation() }
-
-    /// The count-down of a source counted by `accountReleasedByOwner()`.
-    static func releasedByOwner() { EventSourceAccounting.countDestruction() }
 
     /// Turns the source off and drops it; a pending dispatch is cancelled.
     /// The corresponding C function is `sd_event_source_disable_unref`.

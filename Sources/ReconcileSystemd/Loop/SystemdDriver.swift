@@ -26,9 +26,8 @@ public final class SystemdDriver: Driver {
     /// (no allocation and no free per timer); at most `spareTimerLimit`.
     /// A runner is made only when none is spare, so this never holds more
     /// than the most timers that ran at once: a daemon that ran 100,000
-    /// starts them again with no allocation at all. A spare runner keeps its
-    /// sd-event source parked at infinity (`TimerRunner.stop`), so the pool
-    /// holds the high-water mark of timers' sources too, until `detach`.
+    /// starts them again with no allocation at all. (A runner holds no
+    /// sd-event source: timers share one per clock and accuracy, `timerQueues`.)
     /// (Loop thread only, no access spans a reentrant call: no dynamic
     /// exclusivity checks, as on the runners' links below.)
     @exclusivity(unchecked) private var spareTimers: [TimerRunner] = []
@@ -44,6 +43,8 @@ public final class SystemdDriver: Driver {
     private var wakeSource: EventSource?
     private var wakeChannel: WakeChannel?
     private var inotifyKeeper: EventSource?
+    /// The timers' queues: one sd-event source per clock and accuracy (see `TimerQueues`).
+    let timerQueues: TimerQueues
     /// The file watches' shared directory watches (see `DirectoryWatches`).
     lazy var directoryWatches = DirectoryWatches(loop: loop)
     /// The descriptor, listener and process sources' shared state
@@ -56,6 +57,7 @@ public final class SystemdDriver: Driver {
     public init(loop: EventLoop, logger: DaemonLogger = DaemonLogger()) {
         self.loop = loop
         self.logger = logger
+        timerQueues = TimerQueues(loop: loop)
     }
 
     /// How many sources are running now.
@@ -157,7 +159,7 @@ public final class SystemdDriver: Driver {
             ticket.fail(TimerSource.wrongConfiguration(ticket))
             return
         }
-        let runner = spareTimers.popLast() ?? TimerRunner(loop: loop)
+        let runner = spareTimers.popLast() ?? TimerRunner(queues: timerQueues)
         do {
             try runner.start(ticket, configuration)
         } catch {
@@ -236,9 +238,9 @@ public final class SystemdDriver: Driver {
         // Stopped watch runners keep their (off) flush source for reuse.
         for watch in spareWatches { watch.release() }
         spareWatches.removeAll()
-        // Stopped timer runners keep their parked sd-event source.
-        for timer in spareTimers { timer.release() }
+        // Every timer is stopped: the queues' sd-event sources go.
         spareTimers.removeAll()
+        timerQueues.release()
         buses.close()
         wakeSource?.close()
         wakeSource = nil

@@ -14,109 +14,85 @@ extension TimerSource.Clock {
 }
 
 extension TimerSource: SystemdSource {
-    /// Adds an sd-event timer on the configured clock. (`SystemdDriver`
-    /// starts timers without this generic entry: see `SystemdDriver.start`.)
+    /// Starts a timer on the driver's queue of the configured clock and
+    /// accuracy. (`SystemdDriver` starts timers without this generic entry:
+    /// see `SystemdDriver.start`.)
     public static func start(_ ticket: SourceTicket, _ configuration: Configuration, context: SourceContext) throws -> any RunningSource {
-        let runner = TimerRunner(loop: context.loop)
+        let runner = TimerRunner(queues: context.driver.timerQueues)
         try runner.start(ticket, configuration)
         return runner
     }
 }
 
-/// A timer on sd-event's timerfd. Tick *k* is due at origin + *k*·interval;
-/// each firing re-arms from the schedule, not from the wake-up time, so it
-/// does not drift; a late loop gets one tick with `missed` set. A one-shot
-/// ticks once with sequence 1 and missed 0. Due times saturate at
-/// `USEC_INFINITY`: an interval too large for `usec_t` never fires.
+/// A timer on its driver's `TimerQueue` of its clock and accuracy (one
+/// sd-event source per clock and accuracy, not per timer). Tick *k* is due
+/// at origin + *k*·interval; each firing reschedules from the schedule, not
+/// from the wake-up time, so it does not drift; a late loop gets one tick
+/// with `missed` set. A one-shot ticks once with sequence 1 and missed 0.
+/// Due times saturate at `USEC_INFINITY`: an interval too large for
+/// `usec_t` never fires.
 ///
 /// A stopped runner can be started again for another ticket: the driver
 /// keeps stopped runners for later starts (`SystemdDriver.spareTimers`).
 final class TimerRunner: DriverRunner {
-    // `ticket` (the base's): read only while armed (`handle` set); stop
+    // `ticket` (the base's): read only while running (`queue` set); stop
     // clears it.
-    private let loop: EventLoop
-    private var clock: clockid_t = CLOCK_MONOTONIC
-    private var repeats = true
-    /// `kept` while the timer runs; nil when stopped.
-    private var handle: OpaquePointer?
-    /// The sd-event source this runner owns (no wrapper object), on
-    /// `clock` with accuracy `leeway`; kept, parked, while stopped.
-    private var kept: OpaquePointer?
-    private var origin: UInt64 = 0
-    private var interval: UInt64 = 1
-    private var leeway: UInt64 = 1
-    private var sequence: UInt64 = 0
-    private var fired = false
+    let queues: TimerQueues
+    /// The queue this timer runs on; nil when stopped. Unretained: the
+    /// driver's `TimerQueues` keeps every queue a running timer is on.
+    @exclusivity(unchecked) private var queue: Unmanaged<TimerQueue>?
+    /// The position in `queue`'s heap; -1 when not in it (stopped, or a
+    /// one-shot that fired).
+    @exclusivity(unchecked) var heapIndex = -1
+    @exclusivity(unchecked) private var repeats = true
+    @exclusivity(unchecked) private var origin: UInt64 = 0
+    @exclusivity(unchecked) private var interval: UInt64 = 1
+    @exclusivity(unchecked) private var sequence: UInt64 = 0
+    @exclusivity(unchecked) private var fired = false
 
-    /// A stopped runner for timers on `loop`.
-    init(loop: EventLoop) {
-        self.loop = loop
+    /// A stopped runner for timers on `queues`.
+    init(queues: TimerQueues) {
+        self.queues = queues
         super.init()
     }
 
-    deinit { release() }
+    deinit { stop() }
 
-    /// Arms the (stopped) runner for `ticket` with configuration `c`. A
-    /// runner that ran before on the same clock moves the source it kept
-    /// (parked at `USEC_INFINITY`, see `stop`) to the new due time: one
-    /// `sd_event_source_set_time`, no allocation and no free (plus
-    /// `set_enabled` after a one-shot fired, `set_time_accuracy` for another
-    /// leeway). Another clock gets a new source.
+    /// Starts the (stopped) runner for `ticket` with configuration `c`: a
+    /// push onto its queue's heap, with no sd-event call unless it is the
+    /// queue's new earliest due time (then `sd_event_source_set_time`, or
+    /// `sd_event_add_time` for the queue's first).
     func start(_ ticket: SourceTicket, _ c: TimerSource.Configuration) throws(SystemdError) {
-        let clock = c.clock.clockID
+        let q = queues.queue(c.clock.clockID, usecAccuracy(c.leeway))
         repeats = c.repeats
         interval = max(1, usec(c.interval))
-        let leeway = usecAccuracy(c.leeway)
-        origin = loop.now(clock)
+        origin = queues.loop.now(q._withUnsafeGuaranteedRef { $0.clock })
         sequence = 0
         fired = false
-        let due = usecAdd(origin, interval)
-        if let kept, clock == self.clock {
-            if leeway != self.leeway {
-                try check("sd_event_source_set_time_accuracy", sd_event_source_set_time_accuracy(kept, leeway))
-                self.leeway = leeway
-            }
-            try check("sd_event_source_set_time", sd_event_source_set_time(kept, due))
-            // On already (returns at once) unless a one-shot fired.
-            try check("sd_event_source_set_enabled", sd_event_source_set_enabled(kept, Int32(SD_EVENT_ONESHOT)))
-        } else {
-            release()
-            var s: OpaquePointer?
-            try check("sd_event_add_time", sd_event_add_time(
-                loop.handle, &s, clock, due, leeway,
-                { _, _, ud in
-                    // No retain: the runner owns this source and outlives its
-                    // dispatch (a stop from inside `fire` parks or releases the
-                    // source but the runner itself stays in the pool or with
-                    // its ticket until after the callback; `emit` is the last use).
-                    Unmanaged<TimerRunner>.fromOpaque(ud!)._withUnsafeGuaranteedRef { $0.fire() }
-                    return 0
-                }, Unmanaged.passUnretained(self).toOpaque()))
-            self.clock = clock
-            self.leeway = leeway
-            kept = s
-        }
-        handle = kept
+        try q.insert(self, due: usecAdd(origin, interval))
+        q._withUnsafeGuaranteedRef { $0.members += 1 }
+        queue = q
         self.ticket = ticket
-        EventSource.accountReleasedByOwner()
     }
 
-    private func fire() {
-        guard let handle, let ticket else { return }
+    /// Due: the queue's dispatch at the iteration's time `now` (on the
+    /// timer's clock). Reschedules (or, a one-shot, leaves the heap) before
+    /// emitting: the program may stop this timer, or others.
+    func fire(_ now: UInt64) {
+        guard let queue, let ticket else { return }
         guard repeats else {
             // A one-shot has one due time: however late, nothing was missed.
             fired = true
             sequence = 1
+            queue._withUnsafeGuaranteedRef { $0.remove(self) }
             ticket.emit(TimerSource.Event.tick(.init(sequence: 1, missed: 0)))
             return
         }
-        let now = loop.now(clock)
         let due = max(sequence + 1, now >= origin ? (now - origin) / interval : 0)
         let missed = due - sequence - 1
         sequence = due
-        // Re-arm before emitting: the program may stop this timer.
-        sd_event_source_set_time(handle, usecAdd(origin, usecMultiply(due + 1, interval)))
-        sd_event_source_set_enabled(handle, Int32(SD_EVENT_ONESHOT))
+        // Within a dispatch: no sd-event call, nothing thrown.
+        try? queue.update(self, due: usecAdd(origin, usecMultiply(due + 1, interval)))
         ticket.emit(TimerSource.Event.tick(.init(sequence: due, missed: missed)))
     }
 
@@ -131,48 +107,71 @@ final class TimerRunner: DriverRunner {
         try retune(to: c)
     }
 
-    /// Applies a new interval and leeway in place.
+    /// Applies a new interval and leeway in place (another leeway moves the
+    /// timer to that accuracy's queue; the clock stays).
     func retune(to c: TimerSource.Configuration) throws(SystemdError) {
-        guard let handle else { return }
+        guard let current = queue else { return }
         let newInterval = max(1, usec(c.interval))
-        leeway = usecAccuracy(c.leeway)
-        try check("sd_event_source_set_time_accuracy", sd_event_source_set_time_accuracy(handle, leeway))
         if repeats {
             // The next tick is one new interval after the last due time.
             origin = usecAdd(origin, usecMultiply(sequence, interval))
             sequence = 0
-            interval = newInterval
-        } else {
-            interval = newInterval
-            if fired { return }
         }
-        try check("sd_event_source_set_time", sd_event_source_set_time(handle, usecAdd(origin, usecMultiply(sequence + 1, interval))))
-        try check("sd_event_source_set_enabled", sd_event_source_set_enabled(handle, Int32(SD_EVENT_ONESHOT)))
+        interval = newInterval
+        let scheduled = repeats || !fired
+        let due = usecAdd(origin, usecMultiply(sequence + 1, interval))
+        let accuracy = usecAccuracy(c.leeway)
+        let (clock, same) = current._withUnsafeGuaranteedRef { ($0.clock, $0.accuracy == accuracy) }
+        if same {
+            guard scheduled else { return }
+            try current.update(self, due: due)
+            return
+        }
+        leave(current)
+        queue = nil
+        let target = queues.queue(clock, accuracy)
+        // A failure to arm leaves the timer on no queue (it fails; nothing fires).
+        if scheduled { try target.insert(self, due: due) }
+        target._withUnsafeGuaranteedRef { $0.members += 1 }
+        queue = target
     }
 
-    /// Parks the source at `USEC_INFINITY` and keeps it for the next start:
-    /// it never comes due there, and sd-event drops a pending firing when
-    /// its time is set, so nothing reaches the next ticket. (Parked rather
-    /// than turned off: an off source still sits in sd-event's two timer
-    /// queues, and turning it off and on again moves it through both
-    /// twice; parking and re-arming move it once each, cheaper than
-    /// `sd_event_add_time` with its allocation and `disable_unref` with its
-    /// free.) A source that cannot be parked (the loop finished) is released.
+    /// Takes this runner off `q` (its heap and its members).
+    private func leave(_ q: Unmanaged<TimerQueue>) {
+        q._withUnsafeGuaranteedRef { q in
+            if heapIndex >= 0 { q.remove(self) }
+            q.members -= 1
+        }
+    }
+
+    /// Takes the timer off its queue: a due time that passed but was not
+    /// delivered yet goes with it, so nothing reaches the next ticket.
     override func stop() {
-        if let h = handle {
-            handle = nil
-            ticket = nil
-            EventSource.releasedByOwner()
-            if sd_event_source_set_time(h, usecInfinity) < 0 { release() }
+        ticket = nil
+        guard let q = queue else { return }
+        queue = nil
+        leave(q)
+    }
+}
+
+extension Unmanaged where Instance == TimerQueue {
+    /// `TimerQueue.insert` without a retain of the queue.
+    @inline(__always)
+    func insert(_ runner: TimerRunner, due: UInt64) throws(SystemdError) {
+        let failure: SystemdError? = _withUnsafeGuaranteedRef { q in
+            do throws(SystemdError) { try q.insert(runner, due: due) } catch { return error }
+            return nil
         }
+        if let failure { throw failure }
     }
 
-    /// Stops the timer and releases the kept source.
-    func release() {
-        stop()
-        if let k = kept {
-            kept = nil
-            sd_event_source_disable_unref(k)
+    /// `TimerQueue.update` without a retain of the queue.
+    @inline(__always)
+    func update(_ runner: TimerRunner, due: UInt64) throws(SystemdError) {
+        let failure: SystemdError? = _withUnsafeGuaranteedRef { q in
+            do throws(SystemdError) { try q.update(runner, due: due) } catch { return error }
+            return nil
         }
+        if let failure { throw failure }
     }
 }
