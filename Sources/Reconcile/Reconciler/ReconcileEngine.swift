@@ -57,6 +57,12 @@ final class ReconcileEngine {
     /// first reuse copy the list, and its entries stay unreused).
     @exclusivity(unchecked) var retired: [ActiveSource?] = []
     @exclusivity(unchecked) var nextRetired = 0
+    /// The storage of the last plan's stop list when not everything
+    /// stopped (shared with that plan): emptied at the next reconcile's
+    /// start, before any entry is reused, and that reconcile's stop list is
+    /// built in it (no allocation per churned reconcile once the plan is
+    /// dropped; a plan still held makes the emptying allocate instead).
+    @exclusivity(unchecked) var spareStops: [ActiveSource?] = []
 
     init(root: GroupMemo, link: OwnerLink) {
         self.root = root
@@ -112,6 +118,7 @@ final class ReconcileEngine {
     func reconcile<M>(_ desired: Subscriptions<M>, deferringBoxRetains: Bool = false) -> Plan {
         // Before anything can free or recycle an entry a kept plan lists.
         releaseStartStore()
+        if !spareStops.isEmpty { spareStops.removeAll(keepingCapacity: true) }
         epoch &+= 1
         // `records` and `duplicates` were emptied when the last plan was
         // made (a plain check here, not a release of empty storage).
