@@ -13,6 +13,7 @@ extension ReconcileEngine {
         // and the stop list takes the table's references as they are.
         let everything = kept == 0 && records.starts.isEmpty && records.retunes.isEmpty && records.restarts.isEmpty
             && displaced.isEmpty && bound == table.count
+        if !everything { swap(&stops, &spareStops) }
         stops.reserveCapacity(bound)
         displaced.withUnsafeBufferPointer { displaced in
             for (memo, u) in displaced {
@@ -56,7 +57,10 @@ extension ReconcileEngine {
             memo.newChildOrder = []
         }
         vanished.removeAll()
-        guard !stops.isEmpty else { return retire([]) }
+        guard !stops.isEmpty else {
+            spareStops = stops
+            return retire([])
+        }
         records.stops = Self.inActivationOrder(stops)
         if everything {
             // The table's references are the stop list's now; the retired
@@ -67,6 +71,7 @@ extension ReconcileEngine {
             return
         }
         retire(records.stops)
+        spareStops = records.stops
     }
 
     /// A new entry for `sub` (a recycled one when one is free); with
@@ -126,6 +131,7 @@ extension ReconcileEngine {
     func dismantle() {
         retired = []
         nextRetired = 0
+        spareStops = []
         func clear(_ memo: GroupMemo) {
             for child in memo.children.values { clear(child) }
             memo.content = nil

@@ -23,7 +23,11 @@ final class ReconcileEngine {
     @exclusivity(unchecked) var records = PlanRecords()
     @exclusivity(unchecked) var kept = 0
     var duplicates: [SubscriptionID] = []
-    var current: GroupMemo
+    /// The group being walked: the root or a memo its parent's `children`
+    /// holds for the walk, so it is held unretained (no reference counting
+    /// per group begun, the root's included; between reconciles it is the
+    /// root).
+    @exclusivity(unchecked) unowned(unsafe) var current: GroupMemo
     var forwards: [(Any) -> Any] = [] { didSet { mapping = !forwards.isEmpty } }
     /// `!forwards.isEmpty`, read on the skip path (a plain load).
     var mapping = false
@@ -53,6 +57,12 @@ final class ReconcileEngine {
     /// first reuse copy the list, and its entries stay unreused).
     @exclusivity(unchecked) var retired: [ActiveSource?] = []
     @exclusivity(unchecked) var nextRetired = 0
+    /// The storage of the last plan's stop list when not everything
+    /// stopped (shared with that plan): emptied at the next reconcile's
+    /// start, before any entry is reused, and that reconcile's stop list is
+    /// built in it (no allocation per churned reconcile once the plan is
+    /// dropped; a plan still held makes the emptying allocate instead).
+    @exclusivity(unchecked) var spareStops: [ActiveSource?] = []
 
     init(root: GroupMemo, link: OwnerLink) {
         self.root = root
@@ -108,11 +118,12 @@ final class ReconcileEngine {
     func reconcile<M>(_ desired: Subscriptions<M>, deferringBoxRetains: Bool = false) -> Plan {
         // Before anything can free or recycle an entry a kept plan lists.
         releaseStartStore()
+        if !spareStops.isEmpty { spareStops.removeAll(keepingCapacity: true) }
         epoch &+= 1
-        records = PlanRecords()
+        // `records` and `duplicates` were emptied when the last plan was
+        // made (a plain check here, not a release of empty storage).
         kept = 0
-        duplicates = []
-        notPure = []
+        if !notPure.isEmpty { notPure = [] }
         begin(root)
         // The root's content holds the plain parts' taggers (see
         // `ActiveSource`); the last one is released only after the stops
@@ -132,10 +143,13 @@ final class ReconcileEngine {
         #if RECONCILE_CHECK_INVARIANTS
         _checkInvariants()
         #endif
-        var plan = Plan(records: records, kept: kept, duplicates: duplicates)
-        plan.groupsNotPure = notPure
-        records = PlanRecords()
-        duplicates = []
+        // Moved into the plan (no reference counting on the lists).
+        var taken = PlanRecords()
+        swap(&taken, &records)
+        var takenDuplicates: [SubscriptionID] = []
+        if !duplicates.isEmpty { swap(&takenDuplicates, &duplicates) }
+        var plan = Plan(records: taken, kept: kept, duplicates: takenDuplicates)
+        if !notPure.isEmpty { plan.groupsNotPure = notPure }
         return plan
     }
 
