@@ -11,12 +11,15 @@ struct CountingProgram: Program {
     enum Message { case descriptor(DescriptorSource.Event), listener(ListenerSource.Event), connection(UInt64, DescriptorSource.Event) }
     let fd: Int32
     let listening: Bool
+    /// `Subscription.lines(fd, batched: true)`: a dispatch's lines as one message.
+    var batched = false
 
     func start() -> (Model, [Never]) { (Model(), []) }
 
     func update(_ model: inout Model, _ message: Message) -> [Never] {
         switch message {
         case .descriptor(.line): model.lines += 1
+        case .descriptor(.lines(let lines)): model.lines += lines.count
         case .descriptor(.endOfFile): model.ended = true
         case .listener(.accepted(let c)):
             model.accepted += 1
@@ -35,7 +38,7 @@ struct CountingProgram: Program {
                 model.open.map { c in Subscription.connection(c) { .connection(c.id, $0) } }
             }
         }
-        return Subscriptions { Subscription.lines(fd) { .descriptor($0) } }
+        return Subscriptions { Subscription.lines(fd, batched: batched) { .descriptor($0) } }
     }
 }
 
@@ -101,27 +104,32 @@ final class RawCounter {
 /// run; then connections accepted per second through `Subscription.listen`
 /// against a hand-written accept loop.
 func ioBenchmark(lines count: Int, connections: Int, rounds: Int, into records: inout [Record]) throws {
-    var ours: [Double] = [], raw: [Double] = [], rawUpdate: [Double] = []
+    var ours: [Double] = [], oursBatched: [Double] = [], raw: [Double] = [], rawUpdate: [Double] = []
     // Lines `update` saw per reconcile (about: per dispatch's batch), which
     // says how much per-dispatch work (epoll, the batch, the reconcile of a
     // changed model) each line carries.
     var linesPerReconcile: [Double] = []
     for _ in 0..<rounds {
-        // Ours.
-        do {
+        // Ours: one `.line` per line (the default), then `batched: true`
+        // (one `.lines` per dispatch).
+        for batched in [false, true] {
             var pair: [Int32] = [0, 0]
             precondition(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
             let loop = try EventLoop()
             let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
-            let runtime = Runtime(CountingProgram(fd: pair[0], listening: false), driver: driver)
+            let runtime = Runtime(CountingProgram(fd: pair[0], listening: false, batched: batched), driver: driver)
             try runtime.start()
             let began = monotonicNanos()
             startWriter(pair[1], lines: count)
             _ = try loop.run(until: { runtime.model.ended }, timeout: .seconds(120))
             let elapsed = Double(monotonicNanos() - began)
             if runtime.model.lines != count { warn("io: ours read \(runtime.model.lines) of \(count) lines") }
-            ours.append(Double(count) / (elapsed / 1e9))
-            linesPerReconcile.append(Double(runtime.stats.messages) / Double(max(1, runtime.stats.reconciles + runtime.stats.skippedReconciles)))
+            if batched {
+                oursBatched.append(Double(count) / (elapsed / 1e9))
+            } else {
+                ours.append(Double(count) / (elapsed / 1e9))
+                linesPerReconcile.append(Double(runtime.stats.messages) / Double(max(1, runtime.stats.reconciles + runtime.stats.skippedReconciles)))
+            }
             runtime.shutdown()
             close(pair[0])
         }
@@ -182,13 +190,17 @@ func ioBenchmark(lines count: Int, connections: Int, rounds: Int, into records: 
                           extra: [("lines_per_second", median(ours)), ("ratio_to_raw", median(ours) / median(raw)),
                                   ("ratio_to_raw_update", median(ours) / median(rawUpdate)),
                                   ("lines_per_reconcile", median(linesPerReconcile))]))
+    records.append(Record(benchmark: "io", implementation: "ours-batched", size: count, churn: nil, unit: "line", runs: rounds,
+                          medianNanos: 1e9 / median(oursBatched), p99Nanos: 1e9 / (oursBatched.min() ?? 1), perSubscription: false,
+                          extra: [("lines_per_second", median(oursBatched)), ("ratio_to_raw", median(oursBatched) / median(raw)),
+                                  ("ratio_to_raw_update", median(oursBatched) / median(rawUpdate))]))
     records.append(Record(benchmark: "io", implementation: "raw", size: count, churn: nil, unit: "line", runs: rounds,
                           medianNanos: 1e9 / median(raw), p99Nanos: 1e9 / (raw.min() ?? 1), perSubscription: false,
                           extra: [("lines_per_second", median(raw))]))
     records.append(Record(benchmark: "io", implementation: "raw-update", size: count, churn: nil, unit: "line", runs: rounds,
                           medianNanos: 1e9 / median(rawUpdate), p99Nanos: 1e9 / (rawUpdate.min() ?? 1), perSubscription: false,
                           extra: [("lines_per_second", median(rawUpdate))]))
-    progress("io lines: ours \(Int(median(ours)))/s, hand-written sd_event_add_io \(Int(median(raw)))/s, ratio \(format2(median(ours) / median(raw))); hand-written + update per line \(Int(median(rawUpdate)))/s, ratio \(format2(median(ours) / median(rawUpdate))); \(Int(median(linesPerReconcile))) lines per reconcile")
+    progress("io lines: ours \(Int(median(ours)))/s, hand-written sd_event_add_io \(Int(median(raw)))/s, ratio \(format2(median(ours) / median(raw))); hand-written + update per line \(Int(median(rawUpdate)))/s, ratio \(format2(median(ours) / median(rawUpdate))); \(Int(median(linesPerReconcile))) lines per reconcile; batched (one .lines per dispatch) \(Int(median(oursBatched)))/s, ratio \(format2(median(oursBatched) / median(raw)))")
 
     // Connections accepted per second.
     // The hand-written accept loop closes each connection at once; the

@@ -100,7 +100,7 @@ struct Echo: Program {
             case .closed, .failed:
                 client.ended = true
                 client.waiting = []
-            case .bytes, .datagram:
+            case .bytes, .lines, .datagram:
                 break
             }
             model.clients[id] = client

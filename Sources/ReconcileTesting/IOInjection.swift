@@ -27,14 +27,16 @@ extension VirtualDriver {
     ///
     /// - Parameters:
     ///   - lines: the lines, without their newlines.
+    ///   - batched: as one `.lines` event (a `lines(fd, batched: true)`
+    ///     subscription's dispatch) instead of one `.line` each.
     ///   - endOfFile: whether the input then ends.
     ///   - id: the descriptor or connection subscription.
     ///   - sourceLocation: where a missing subscription is reported (the caller's).
     /// - Returns: whether every event was delivered.
     @discardableResult
-    public func lines(_ lines: [String], endOfFile: Bool = false, to id: TypedSubscriptionID<DescriptorSource>,
+    public func lines(_ lines: [String], batched: Bool = false, endOfFile: Bool = false, to id: TypedSubscriptionID<DescriptorSource>,
                       sourceLocation: SourceLocation = #_sourceLocation) -> Bool {
-        var events = lines.map { DescriptorSource.Event.line($0) }
+        var events = batched ? (lines.isEmpty ? [] : [DescriptorSource.Event.lines(lines)]) : lines.map { DescriptorSource.Event.line($0) }
         if endOfFile { events.append(.endOfFile) }
         return events.allSatisfy { emit($0, to: id, sourceLocation: sourceLocation) }
     }
@@ -79,14 +81,16 @@ extension ProgramTester {
     ///
     /// - Parameters:
     ///   - lines: the lines, without their newlines.
+    ///   - batched: as one `.lines` event (a `lines(fd, batched: true)`
+    ///     subscription's dispatch) instead of one `.line` each.
     ///   - endOfFile: whether the input then ends.
     ///   - id: the descriptor or connection subscription.
     ///   - sourceLocation: where a missing subscription is reported (the caller's).
     /// - Returns: the commands `update` returned, in order.
     @discardableResult
-    public mutating func lines(_ lines: [String], endOfFile: Bool = false, from id: TypedSubscriptionID<DescriptorSource>,
+    public mutating func lines(_ lines: [String], batched: Bool = false, endOfFile: Bool = false, from id: TypedSubscriptionID<DescriptorSource>,
                                sourceLocation: SourceLocation = #_sourceLocation) -> [P.Command]? {
-        var events = lines.map { DescriptorSource.Event.line($0) }
+        var events = batched ? (lines.isEmpty ? [] : [DescriptorSource.Event.lines(lines)]) : lines.map { DescriptorSource.Event.line($0) }
         if endOfFile { events.append(.endOfFile) }
         var commands: [P.Command] = []
         for e in events {

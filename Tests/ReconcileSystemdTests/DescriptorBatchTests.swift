@@ -7,10 +7,18 @@ import Testing
 /// Collects the lines of one descriptor; the line "stop" asks for the
 /// command `.stop`, the line "off" turns the subscription off.
 struct BatchProgram: Program {
-    struct Model: Equatable { var lines: [String] = []; var ended = false; var on = true }
+    struct Model: Equatable {
+        var lines: [String] = []; var ended = false; var on = true
+        /// `.lines` events seen (`batched`), and how many lines each had.
+        var batches: [Int] = []
+        /// Where each `.lineTooLong` came: the count of lines before it.
+        var tooLongAt: [Int] = []
+    }
     enum Message: Equatable { case descriptor(DescriptorSource.Event) }
     enum Command { case stop }
     let fd: Int32
+    var batched = false
+    var maxLineLength = DescriptorSource.defaultMaxLineLength
 
     func start() -> (Model, [Command]) { (Model(), []) }
 
@@ -20,15 +28,20 @@ struct BatchProgram: Program {
             model.lines.append(s)
             if s == "stop" { return [.stop] }
             if s == "off" { model.on = false }
+        case .descriptor(.lines(let lines)):
+            #expect(!model.ended)
+            model.lines += lines
+            model.batches.append(lines.count)
         case .descriptor(.endOfFile): model.ended = true
-        case .descriptor(.lineTooLong), .descriptor(.bytes), .descriptor(.datagram), .descriptor(.closed), .descriptor(.failed): break
+        case .descriptor(.lineTooLong): model.tooLongAt.append(model.lines.count)
+        case .descriptor(.bytes), .descriptor(.datagram), .descriptor(.closed), .descriptor(.failed): break
         }
         return []
     }
 
     func subscriptions(_ model: Model) -> Subscriptions<Message> {
         guard model.on else { return .none }
-        return Subscriptions { Subscription.lines(fd) { .descriptor($0) } }
+        return Subscriptions { Subscription.lines(fd, maxLineLength: maxLineLength, batched: batched) { .descriptor($0) } }
     }
 }
 
@@ -56,6 +69,35 @@ extension SystemdTests.Descriptors {
         // at most (one per line would be 2,000).
         #expect(reconciles >= 1)
         #expect(reconciles <= 20)
+    }
+
+    @Test func batchedLinesComeAsOneEventPerDispatchInOrderAroundATooLongLineAndAPartialLast() throws {
+        var pair: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+        defer { close(pair[0]) }
+        let h = try Harness(BatchProgram(fd: pair[0], batched: true, maxLineLength: 200))
+        // 3,000 lines, one of 5,000 bytes (too long) after the 1,500th,
+        // then a last line without its newline.
+        let lines = (0..<3000).map { "line \($0) " + String(repeating: "y", count: $0 % 89) }
+        let text = Array((lines[..<1500].joined(separator: "\n") + "\n" + String(repeating: "z", count: 5000) + "\n"
+                          + lines[1500...].joined(separator: "\n") + "\npartial").utf8)
+        var off = 0
+        while off < text.count {
+            let n = text[off...].prefix(30_000).withUnsafeBytes { write(pair[1], $0.baseAddress, $0.count) }
+            #expect(n > 0)
+            off += max(n, 0)
+        }
+        close(pair[1])
+        try h.run(until: { h.runtime.model.ended })
+        let m = h.runtime.model
+        #expect(m.lines == lines + ["partial"])
+        #expect(m.tooLongAt == [1500])
+        // Never an empty batch; far fewer events than lines (a batch per
+        // dispatch of at most 64 KiB, split once more at the long line).
+        #expect(!m.batches.contains(0))
+        #expect(m.batches.reduce(0, +) == 3001)
+        #expect(m.batches.count >= 2)
+        #expect(m.batches.count <= 40)
     }
 
     @Test func aShutdownInTheMiddleOfABatchReportsTheRestAsDropped() throws {

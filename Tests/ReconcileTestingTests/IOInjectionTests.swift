@@ -20,6 +20,8 @@ private struct Runner: Program {
             model.connections.append(c)
         case .connection(_, .line(let line)):
             model.jobs.append(line)
+        case .connection(_, .lines(let lines)):
+            model.jobs += lines
         case .connection(let c, .endOfFile):
             model.connections.removeAll { $0 == c }
             model.ended.append(c.id)
@@ -56,6 +58,22 @@ private struct Runner: Program {
         #expect(t.model.jobs == ["b"])
         t.lines([], endOfFile: true, from: connection)
         #expect(t.model.ended == [7] && t.model.connections.isEmpty)
+    }
+
+    @Test func injectedBatchedLinesAreOneLinesEvent() throws {
+        var t = ProgramTester(Runner())
+        let listener = try #require(t.subscription(ListenerSource.self, key: "ctl"))
+        t.accept(.testing(id: 7), on: listener)
+        let connection = try #require(t.subscription(DescriptorSource.self, key: UInt64(7)))
+        t.lines(["a", "b", "c"], batched: true, from: connection)
+        #expect(t.model.jobs == ["a", "b", "c"])
+        let driver = VirtualDriver()
+        let rt = Runtime(Runner(), driver: driver)
+        try rt.start()
+        #expect(driver.accept(.testing(id: 1), on: try #require(driver.subscription(ListenerSource.self, key: "ctl"))))
+        let c = try #require(driver.subscription(DescriptorSource.self, key: UInt64(1)))
+        #expect(driver.lines(["x", "y"], batched: true, to: c))
+        #expect(rt.model.jobs == ["x", "y"])
     }
 
     @Test func theVirtualDriverDeliversInjectedLinesAndExitsToRunningSources() throws {

@@ -51,7 +51,7 @@ final class DescriptorRunner: RunningSource {
         state = driver.io
         loop = driver.loop
         switch configuration.framing {
-        case .lines(let limit): lines = LineBuffer(limit: limit); readSize = IOState.readBufferSize
+        case .lines(let limit), .lineBatches(let limit): lines = LineBuffer(limit: limit); readSize = IOState.readBufferSize
         case .bytes(let chunk): lines = LineBuffer(limit: 1); readSize = min(max(1, chunk), IOState.readBufferSize)
         case .datagrams(let size): lines = LineBuffer(limit: 1); readSize = max(1, size)
         }
@@ -168,6 +168,9 @@ final class DescriptorRunner: RunningSource {
     private func readStream() {
         var budget = state.readBudgetPerDispatch
         var events: [DescriptorSource.Event] = []
+        // `lineBatches`: the lines not yet in `events` (a `.lineTooLong` or
+        // the end closes the batch before it, so the order is kept).
+        var batch: [String] = []
         var ended = false
         var failure: Int32 = 0
         let buffer = state.readBuffer(atLeast: readSize)
@@ -180,6 +183,8 @@ final class DescriptorRunner: RunningSource {
                 switch configuration.framing {
                 case .lines(let limit):
                     lines.feed(got) { events.append($0.event(limit: limit)) }
+                case .lineBatches(let limit):
+                    lines.feed(got) { Self.collect($0, limit: limit, into: &batch, &events) }
                 case .bytes, .datagrams:
                     events.append(.bytes(Array(got)))
                 }
@@ -197,9 +202,14 @@ final class DescriptorRunner: RunningSource {
                 break
             }
         }
-        if ended, case .lines(let limit) = configuration.framing {
-            lines.finish { events.append($0.event(limit: limit)) }
+        if ended {
+            switch configuration.framing {
+            case .lines(let limit): lines.finish { events.append($0.event(limit: limit)) }
+            case .lineBatches(let limit): lines.finish { Self.collect($0, limit: limit, into: &batch, &events) }
+            case .bytes, .datagrams: break
+            }
         }
+        if !batch.isEmpty { events.append(.lines(batch)) }
         if ended || failure != 0 { reading = false }
         if ended { events.append(.endOfFile) }
         // The buffer is not used past here: the program may start a reader
@@ -352,6 +362,23 @@ final class DescriptorRunner: RunningSource {
     deinit {
         release()
         if let retry { sd_event_source_disable_unref(retry) }
+    }
+}
+
+extension DescriptorRunner {
+    /// `lineBatches`: a line joins `batch`; a too-long line closes the
+    /// batch (into `events`) and follows it.
+    @inline(__always)
+    static func collect(_ item: LineBuffer.Item, limit: Int, into batch: inout [String], _ events: inout [DescriptorSource.Event]) {
+        switch item {
+        case .line(let s): batch.append(s)
+        case .tooLong:
+            if !batch.isEmpty {
+                events.append(.lines(batch))
+                batch.removeAll()
+            }
+            events.append(.lineTooLong(limit: limit))
+        }
     }
 }
 

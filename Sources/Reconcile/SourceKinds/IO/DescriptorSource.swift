@@ -18,6 +18,11 @@ public enum DescriptorSource: Source {
         /// `maxLineLength` bytes; a longer line is reported by
         /// `Event.lineTooLong` and skipped, never buffered whole.
         case lines(maxLineLength: Int)
+        /// Lines as `lines` cuts them, but the lines of one dispatch come as
+        /// one `Event.lines` (in order; a `.lineTooLong` or the end of input
+        /// ends the batch before it): one message per read batch instead of
+        /// one per line, for a daemon that reads many short lines.
+        case lineBatches(maxLineLength: Int)
         /// One event per datagram (`recvfrom`), at most `maxSize` bytes each
         /// (a longer one is truncated and reported so).
         case datagrams(maxSize: Int)
@@ -27,6 +32,7 @@ public enum DescriptorSource: Source {
             switch self {
             case .bytes(let n): "bytes(\(n))"
             case .lines(let n): "lines(\(n))"
+            case .lineBatches(let n): "lineBatches(\(n))"
             case .datagrams(let n): "datagrams(\(n))"
             }
         }
@@ -94,6 +100,10 @@ public enum DescriptorSource: Source {
         /// One line without its end (`Framing.lines`); a last line without a
         /// newline is delivered at the end of input. Invalid UTF-8 is repaired.
         case line(String)
+        /// The lines of one dispatch, in order, without their ends
+        /// (`Framing.lineBatches`; never empty). Each is what `.line` would
+        /// carry.
+        case lines([String])
         /// A line grew past the limit: its bytes up to the next newline are
         /// skipped (`limit` is the configured maximum).
         case lineTooLong(limit: Int)
@@ -112,6 +122,13 @@ public enum DescriptorSource: Source {
 
     /// `.failed(failure)`.
     public static func failed(_ failure: SourceFailure) -> Event { .failed(failure) }
+}
+
+extension DescriptorSource.Framing {
+    /// `lines` or, `batched`, `lineBatches`, of at most `maxLineLength` (at least 1) bytes.
+    static func lineFraming(_ maxLineLength: Int, batched: Bool) -> Self {
+        batched ? .lineBatches(maxLineLength: max(1, maxLineLength)) : .lines(maxLineLength: max(1, maxLineLength))
+    }
 }
 
 /// A socket address as bytes (`struct sockaddr_*`), and its text form.
@@ -198,11 +215,15 @@ extension Subscription {
     ///   - maxLineLength: the longest line delivered; a longer one is an
     ///     `.lineTooLong` event and is skipped.
     ///   - owned: whether stopping the subscription closes `fd`.
+    ///   - batched: each dispatch's lines as one `.lines([String])` event
+    ///     instead of one `.line` each (`Framing.lineBatches`): one message
+    ///     and one `update` per batch, for throughput.
     ///   - tag: makes a message of each event.
     public static func lines(_ fd: Int32, maxLineLength: Int = DescriptorSource.defaultMaxLineLength, owned: Bool = false,
+                             batched: Bool = false,
                              _ tag: @escaping (DescriptorSource.Event) -> Message) -> Subscription {
         Subscription(DescriptorSource.self, key: fd,
-                     configuration: .init(fd: fd, framing: .lines(maxLineLength: max(1, maxLineLength)), ownsDescriptor: owned), tag: tag)
+                     configuration: .init(fd: fd, framing: .lineFraming(maxLineLength, batched: batched), ownsDescriptor: owned), tag: tag)
     }
 
     /// The datagrams arriving on socket `fd`, keyed by `fd`.
@@ -226,12 +247,14 @@ extension Subscription {
     ///   - maxLineLength: the longest line delivered.
     ///   - writeQueueLimit: the bytes of writes that may wait for a slow
     ///     peer before the connection is closed with `.closed(.writeQueueFull)`.
+    ///   - batched: each dispatch's lines as one `.lines([String])` event
+    ///     (`Framing.lineBatches`).
     ///   - tag: makes a message of each event.
     public static func connection(_ connection: Connection, maxLineLength: Int = DescriptorSource.defaultMaxLineLength,
-                                  writeQueueLimit: Int = DescriptorSource.defaultWriteQueueLimit,
+                                  writeQueueLimit: Int = DescriptorSource.defaultWriteQueueLimit, batched: Bool = false,
                                   _ tag: @escaping (DescriptorSource.Event) -> Message) -> Subscription {
         Subscription(DescriptorSource.self, key: connection.id,
-                     configuration: .init(fd: connection.fd, framing: .lines(maxLineLength: max(1, maxLineLength)),
+                     configuration: .init(fd: connection.fd, framing: .lineFraming(maxLineLength, batched: batched),
                                           ownsDescriptor: true, connection: connection, writeQueueLimit: writeQueueLimit),
                      tag: tag)
     }
