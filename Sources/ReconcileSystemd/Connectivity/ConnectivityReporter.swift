@@ -71,8 +71,9 @@ final class ConnectivityReporter {
 
     /// The backend retries (attempt `attempt`) after `after`.
     func restarting(attempt: Int, after: Duration) {
-        // A batch of one: a bus reconnect announced to every source on the
-        // connection is one reconcile (`RetryAttempts.announceRestarting`).
+        // A batch of one: a retry announced to every source of a backend
+        // (a bus reconnect, a netlink resync) is one reconcile
+        // (`RetryAttempts.announceRestarting`).
         RetryAttempts.announceRestarting(ConnectivitySource.Event.restarting(attempt: attempt, after: after), of: ConnectivitySource.self,
                                          to: ticket)
     }

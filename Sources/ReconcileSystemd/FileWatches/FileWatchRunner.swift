@@ -185,7 +185,9 @@ final class FileWatchRunner: DriverRunner {
         policy = c.restart
         needsRearm = false
         touched = false
-        retry?.recovered()
+        // A reused runner: the last subscription's attempts and cap window
+        // are not this one's.
+        retry?.restart(c.restart)
         if flush == nil {
             var s: OpaquePointer?
             try check("sd_event_add_defer", sd_event_add_defer(loop.handle, &s, { _, ud in

@@ -34,9 +34,10 @@ final class DescriptorRunner: RunningSource {
     private var reading = true
     private var open = true
     /// A dispatch's events are one batch (`SourceTicket.emit(batch:of:)`):
-    /// `update` runs for each line, then one reconcile. A restart attempt's
-    /// ticket takes no batch: its events go through the runtime's inbox
-    /// instead (this poster, made on first use), batched by the pump.
+    /// `update` runs for each line, then one reconcile (a restart attempt's
+    /// ticket takes a batch too). A ticket that takes none (neither the
+    /// runtime's nor an attempt's: none of the library's) gets the events
+    /// through the runtime's inbox instead (this poster, made on first use).
     private var poster: EventPoster?
     /// Events the inbox had no room for, in order; reading waits for them.
     private var backlog: [DescriptorSource.Event] = []

@@ -195,6 +195,10 @@ final class Retry {
     /// The source works again (see `RetryAttempts.recovered()`).
     func recovered() { attempts.recovered() }
 
+    /// A new run of the source (a reused runner's next start) under
+    /// `policy`: no attempt, and no cap window, carried over from the last.
+    func restart(_ policy: RestartPolicy) { attempts = RetryAttempts(policy) }
+
     /// Cancels an armed retry and releases the timer source.
     func close() { timer.cancel() }
 }
