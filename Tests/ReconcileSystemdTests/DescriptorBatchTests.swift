@@ -137,3 +137,76 @@ extension SystemdTests.Descriptors {
         #expect(h.runtime.stats.stops == 1)
     }
 }
+
+/// `BatchProgram`'s lines subscription inside a memoized group of a mapped
+/// set: its events reach `update` through the group's route (the tagger
+/// and the mapping), not the subscription's own closure alone.
+struct RoutedLinesProgram: Program {
+    struct Model: Equatable { var lines: [String] = []; var ended = false; var sent: [String] = [] }
+    enum Inner: Equatable { case descriptor(DescriptorSource.Event) }
+    enum Message: Equatable { case inner(Inner), sent(String) }
+    enum Command { case stop, send(String) }
+    let fd: Int32
+
+    func start() -> (Model, [Command]) { (Model(), []) }
+
+    func update(_ model: inout Model, _ message: Message) -> [Command] {
+        switch message {
+        case .inner(.descriptor(.line(let s))):
+            model.lines.append(s)
+            if s == "stop" { return [.stop] }
+            if s.hasPrefix("send ") { return [.send(String(s.dropFirst(5)))] }
+        case .inner(.descriptor(.endOfFile)): model.ended = true
+        case .inner: break
+        case .sent(let s): model.sent.append(s); model.lines.append("(sent \(s))")
+        }
+        return []
+    }
+
+    func subscriptions(_ model: Model) -> Subscriptions<Message> {
+        Subscriptions<Inner> {
+            Subscriptions<Inner>.group("reader", fd) { fd in
+                Subscription.lines(fd) { .descriptor($0) }
+            }
+        }.map { .inner($0) }
+    }
+}
+
+extension SystemdTests.Descriptors {
+    @Test func aMessageACommandSendsDuringADispatchsLinesComesAfterThemAll() throws {
+        var pair: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+        defer { close(pair[0]) }
+        let h = try Harness(RoutedLinesProgram(fd: pair[0])) { command, runtime in
+            if case .send(let s) = command { try? runtime.send(.sent(s)) }
+        }
+        // One write, so one read: each line's `update` runs (and its
+        // command is performed) before the next line is framed; what the
+        // command sends waits for the end of the dispatch's lines.
+        let text = "a\nsend x\nb\nsend y\nc\n"
+        #expect(write(pair[1], text, text.utf8.count) == text.utf8.count)
+        close(pair[1])
+        try h.run(until: { h.runtime.model.ended })
+        #expect(h.runtime.model.lines == ["a", "send x", "b", "send y", "c", "(sent x)", "(sent y)"])
+        #expect(h.runtime.stats.droppedEvents == 0)
+    }
+
+    @Test func aShutdownDuringARoutedBatchReportsTheRestAsDroppedMessages() throws {
+        var pair: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+        defer { close(pair[0]); close(pair[1]) }
+        final class Box { var report: ShutdownReport<RoutedLinesProgram.Message>? }
+        let box = Box()
+        let h = try Harness(RoutedLinesProgram(fd: pair[0])) { command, runtime in
+            if case .stop = command { box.report = runtime.shutdown() }
+        }
+        let text = "a\nstop\nb\nc\npartial"
+        #expect(write(pair[1], text, text.utf8.count) == text.utf8.count)
+        try h.run(until: { box.report != nil })
+        #expect(h.runtime.model.lines == ["a", "stop"])
+        // The read's whole lines after "stop", mapped as update would get
+        // them; the partial line was never a line.
+        #expect(box.report?.dropped == [.inner(.descriptor(.line("b"))), .inner(.descriptor(.line("c")))])
+        #expect(box.report?.stopped.count == 1)
+    }
+}

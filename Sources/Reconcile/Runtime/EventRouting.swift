@@ -9,6 +9,10 @@ class OwnerLink {
     func rejectAfterStop(from source: ActiveSource) {}
     /// Hands `events` (of source kind `S`) to the program as one batch.
     func emit<S: Source>(batch events: [S.Event], of kind: S.Type, from source: ActiveSource) {}
+    /// Hands the events `produce` makes (of source kind `S`) to the program
+    /// as one batch, each as it is made (see `SourceTicket.stream`).
+    func stream<S: Source>(of kind: S.Type, from source: ActiveSource, rest: () -> [S.Event],
+                           _ produce: (_ deliver: (consuming S.Event) -> Bool) -> Void) { produce { _ in false } }
 }
 
 final class TypedOwnerLink<Message>: OwnerLink {
@@ -72,6 +76,42 @@ final class TypedOwnerLink<Message>: OwnerLink {
         sink.enqueue(batch: messages.count, from: source) { messages[$0] }
     }
 
+    /// As `emit(batch:)`, the events tagged as they come: `update` runs for
+    /// each before the next is made.
+    override func stream<S: Source>(of kind: S.Type, from source: ActiveSource, rest: () -> [S.Event],
+                                    _ produce: (_ deliver: (consuming S.Event) -> Bool) -> Void) {
+        guard let sink else { return produce { _ in false } }
+        guard source.isActive else {
+            return produce { _ in
+                sink.report(.eventAfterStop(source.id, source.activation))
+                return true
+            }
+        }
+        if source.memo === root, let tagger = source.tagger as? SourceTagger<S, Message> {
+            let body = tagger.body
+            return sink.enqueue(stream: source, rest: { rest().map(body) }) { deliver in
+                withoutActuallyEscaping(deliver) { deliver in produce { event in deliver(body(consume event)) } }
+            }
+        }
+        // The tagger and the group's route, held for the batch: a shutdown
+        // during it releases what holds the entry's tagger (the set), and
+        // the rest is still tagged then.
+        let tagger = source.tagger
+        let memo = source.memo
+        let route = { (e: S.Event) -> Message? in tagger.tagAny(e).map { memo.route($0) as! Message } }
+        sink.enqueue(stream: source, rest: { rest().compactMap(route) }) { deliver in
+            withoutActuallyEscaping(deliver) { deliver in
+                produce { e in
+                    guard let m = route(e) else {
+                        sink.report(.eventTypeMismatch(source.id, String(describing: S.Event.self)))
+                        return true
+                    }
+                    return deliver(m)
+                }
+            }
+        }
+    }
+
     override func rejectAfterStop(from source: ActiveSource) {
         sink?.report(.eventAfterStop(source.id, source.activation))
     }
@@ -107,6 +147,32 @@ extension SourceTicket {
         }
         guard let attempt = self as? AttemptTicket else { return false }
         attempt.deliver(batch: events, of: kind)
+        return true
+    }
+
+    /// Whether `stream(of:rest:_:)` takes events (the runtime's own ticket).
+    package var streams: Bool { self is ActiveSource }
+
+    /// Hands the events `produce` makes to the program as one batch, each
+    /// as it is made: `update` runs for an event (and its commands are
+    /// performed) before `produce` makes the next; one reconcile follows
+    /// the last. No array of the dispatch's events is built: a line is
+    /// decoded, delivered and freed before the next.
+    ///
+    /// - Parameters:
+    ///   - kind: the source kind whose `Event` they are.
+    ///   - rest: the events `produce` has the input for but has not made
+    ///     yet, in order (what a shutdown during the batch reports as
+    ///     dropped); called at most once, from within a `deliver`.
+    ///   - produce: makes the events, calling `deliver` with each in order;
+    ///     `deliver` returns false when nothing more is taken (the runtime
+    ///     shut down): `produce` stops then, and must not touch what the
+    ///     source's stop released.
+    /// - Returns: false when this ticket cannot stream (`streams`); then
+    ///   `produce` was not called.
+    package func stream<S: Source>(of kind: S.Type, rest: () -> [S.Event], _ produce: (_ deliver: (consuming S.Event) -> Bool) -> Void) -> Bool {
+        guard let source = self as? ActiveSource else { return false }
+        source.link.stream(of: kind, from: source, rest: rest, produce)
         return true
     }
 }

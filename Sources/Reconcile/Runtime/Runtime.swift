@@ -5,6 +5,10 @@ protocol MessageSink<Message>: AnyObject {
     /// Queues `count` messages of `source` (`message(i)` makes the i-th, in
     /// order, each once) and processes them as one batch.
     func enqueue(batch count: Int, from source: ActiveSource, message: (Int) -> Message)
+    /// Processes the messages `produce` makes, as they come, as one batch
+    /// (`SourceTicket.stream`); `rest` makes those it has not made yet (a
+    /// shutdown during the batch reports them as dropped).
+    func enqueue(stream source: ActiveSource, rest: () -> [Message], _ produce: (_ deliver: (Message) -> Bool) -> Void)
     func report(_ diagnostic: Diagnostic)
     func makePoster(for source: ActiveSource) -> EventPoster
 }
@@ -45,19 +49,20 @@ public final class Runtime<P: Program>: DriverHost {
     public private(set) var lastPlan = Plan()
 
     /// Called after each committed model (render here).
-    public var didCommit: ((P.Model) -> Void)?
+    /// (The hooks' exclusivity is unchecked too: each message reads them.)
+    @exclusivity(unchecked) public var didCommit: ((P.Model) -> Void)?
     /// Called after each reconcile that changed something or saw duplicates.
     public var didReconcile: ((Plan) -> Void)?
     /// Called for each diagnostic (duplicates, failures, late deliveries).
     public var diagnostics: ((Diagnostic) -> Void)?
     /// Called with each transcript record (start, message, plan,
     /// diagnostic) on the loop thread; see `TranscriptRecord`.
-    public var transcript: ((TranscriptRecord<P.Message, P.Command>) -> Void)?
+    @exclusivity(unchecked) public var transcript: ((TranscriptRecord<P.Message, P.Command>) -> Void)?
     /// (Package-internal: the recorder's hook.) When set, called for each message instead of `transcript`, with the
     /// record's fields as arguments (index, message, origin, loop time,
     /// round, commands): no record value is built in this generic code, so
     /// a recorder specialised for the program's types takes it cheaply.
-    @usableFromInline package var transcriptMessage: ((Int, P.Message, MessageOrigin, Duration, Int, [P.Command]) -> Void)?
+    @exclusivity(unchecked) @usableFromInline package var transcriptMessage: ((Int, P.Message, MessageOrigin, Duration, Int, [P.Command]) -> Void)?
 
     let driver: any Driver
     let perform: (P.Command, Runtime<P>) -> Void
@@ -73,6 +78,9 @@ public final class Runtime<P: Program>: DriverHost {
     @exclusivity(unchecked) var batchMessage: ((Int) -> P.Message)?
     @exclusivity(unchecked) var batchCount = 0
     @exclusivity(unchecked) var batchNext = 0
+    /// The rest of the batch `enqueue(stream:rest:_:)` is delivering (set
+    /// only while it runs; a shutdown calls it once).
+    @exclusivity(unchecked) var streamRest: (() -> [P.Message])?
     /// A source's batch was delivered and its reconcile left to the next
     /// pump (`enqueue(batch:from:)`); any reconcile before it clears this.
     @exclusivity(unchecked) var reconcileDeferred = false
@@ -213,8 +221,12 @@ public final class Runtime<P: Program>: DriverHost {
         let sources = reconciler.removeAll()
         stats.stops += sources.count
         for s in sources { stop(s) }
-        let batchRest = batchMessage.map { m in (batchNext..<max(batchNext, batchCount)).map(m) } ?? []
+        var batchRest = batchMessage.map { m in (batchNext..<max(batchNext, batchCount)).map(m) } ?? []
         batchNext = batchCount
+        if let rest = streamRest {
+            streamRest = nil
+            batchRest += rest()
+        }
         let dropped = batchRest + mailbox[head...].map(\.message) + inbox.close().compactMap { envelope($0)?.message } + undelivered
         mailbox = []
         head = 0
@@ -265,16 +277,24 @@ public final class Runtime<P: Program>: DriverHost {
         }
         let commands = program.update(&model, message)
         stats.messages += 1
-        if let transcriptMessage {
-            transcriptMessage(stats.messages - 1, message, origin(), driver.loopTime, rounds, commands)
-        } else if let transcript {
-            transcript(.message(TranscriptMessage(index: stats.messages - 1, message: message, origin: origin(),
-                                                  time: driver.loopTime, round: rounds, commands: commands)))
-        }
+        if transcriptMessage != nil || transcript != nil { record(message, origin: origin(), commands: commands) }
         didCommit?(model)
         for c in commands {
             perform(c, self)
             if state != .running { return }
+        }
+    }
+
+    /// The transcript record of the message `deliver` just handled (out of
+    /// line: a record's type is looked up at run time in this generic
+    /// code, a cost no message should pay when nothing records).
+    @inline(never)
+    private func record(_ message: P.Message, origin: MessageOrigin, commands: [P.Command]) {
+        if let transcriptMessage {
+            transcriptMessage(stats.messages - 1, message, origin, driver.loopTime, rounds, commands)
+        } else if let transcript {
+            transcript(.message(TranscriptMessage(index: stats.messages - 1, message: message, origin: origin,
+                                                  time: driver.loopTime, round: rounds, commands: commands)))
         }
     }
 
@@ -374,6 +394,31 @@ extension Runtime: MessageSink {
             batchMessage = nil
             batchCount = 0
             batchNext = 0
+        }
+        draining = false
+        drainAndReconcile(force: true, deferReconcile: waker != nil)
+    }
+
+    func enqueue(stream source: ActiveSource, rest: () -> [P.Message], _ produce: (_ deliver: (P.Message) -> Bool) -> Void) {
+        guard state != .shutDown else { return produce { _ in false } }
+        let origin = MessageOrigin.source(source.id, source.activation)
+        guard state == .running, !draining, head >= mailbox.count else {
+            produce {
+                mailbox.append(Envelope(message: $0, source: source, origin: origin))
+                return true
+            }
+            if state == .running { drainAndReconcile(force: false) }
+            return
+        }
+        draining = true
+        // The rest is reachable from `shutdown` only while this runs.
+        withoutActuallyEscaping(rest) { rest in
+            streamRest = rest
+            produce { message in
+                deliver(message, from: source, origin: origin)
+                return state == .running
+            }
+            streamRest = nil
         }
         draining = false
         drainAndReconcile(force: true, deferReconcile: waker != nil)

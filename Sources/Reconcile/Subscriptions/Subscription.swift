@@ -24,6 +24,19 @@ public struct Subscription<Message> {
                                 tagger: SourceTagger<S, Message>(tag))
     }
 
+    /// As the public initializer, the event handed to `tag` owned (moved
+    /// into the message it makes, no copy): for sources whose events carry
+    /// storage, one per event (`Subscription.lines`).
+    /// (A factory, not an initializer: a trailing closure would make the
+    /// two ambiguous.)
+    static func consumingEvents<S: Source, Key: Hashable & Sendable>(
+        _ source: S.Type, key: Key, configuration: S.Configuration,
+        tag: @escaping (consuming S.Event) -> Message
+    ) -> Subscription {
+        Subscription(id: SubscriptionID(source, key: key), configurationBox: TypedHashableBox(configuration),
+                     tagger: SourceTagger<S, Message>(tag))
+    }
+
     @usableFromInline init(id: SubscriptionID, configurationBox: HashableBox, tagger: Tagger<Message>) {
         core = SubscriptionCore(id: id, configurationBox: configurationBox, tagger: tagger)
     }
@@ -73,9 +86,11 @@ public struct Subscription<Message> {
 }
 
 /// The tagger a subscription is made with: the program's closure.
+/// (`body` takes the event owned: a closure written for it moves the event
+/// into the message; one taking it borrowed is converted.)
 final class SourceTagger<S: Source, Message>: Tagger<Message> {
-    let body: (S.Event) -> Message
-    init(_ body: @escaping (S.Event) -> Message) { self.body = body }
+    let body: (consuming S.Event) -> Message
+    init(_ body: @escaping (consuming S.Event) -> Message) { self.body = body }
     override func tag(_ event: Any) -> Message? { (event as? S.Event).map(body) }
     override func fail(_ failure: SourceFailure) -> Message { body(S.failed(failure)) }
 }

@@ -26,13 +26,13 @@ final class DescriptorRunner: RunningSource {
     private let configuration: DescriptorSource.Configuration
     private let state: IOState
     private var source: OpaquePointer?
-    private var lines: LineBuffer
+    @exclusivity(unchecked) private var lines: LineBuffer
     /// The most bytes one `read` asks for (reads go to `IOState.readBuffer`).
     private let readSize: Int
     private var queue: [UInt8] = []
     private var queueStart = 0
-    private var reading = true
-    private var open = true
+    @exclusivity(unchecked) private var reading = true
+    @exclusivity(unchecked) private var open = true
     /// A dispatch's events are one batch (`SourceTicket.emit(batch:of:)`):
     /// `update` runs for each line, then one reconcile (a restart attempt's
     /// ticket takes a batch too). A ticket that takes none (neither the
@@ -43,6 +43,12 @@ final class DescriptorRunner: RunningSource {
     private var backlog: [DescriptorSource.Event] = []
     private var backlogStart = 0
     private var retry: OpaquePointer?
+    /// The read `streamLines` is framing and how far: a shutdown during
+    /// its batch frames the rest of it (`framedRest`), reported dropped.
+    /// (Unchecked exclusivity here and on `lines`, `open` and `reading`:
+    /// each line reads them; the runner is the loop thread's alone.)
+    @exclusivity(unchecked) private var chunk = UnsafeRawBufferPointer(start: nil, count: 0)
+    @exclusivity(unchecked) private var chunkPosition = 0
     private let loop: EventLoop
     private var fd: Int32 { configuration.fd }
 
@@ -167,6 +173,9 @@ final class DescriptorRunner: RunningSource {
     }
 
     private func readStream() {
+        if case .lines(let limit) = configuration.framing, backlogStart == backlog.count, let ticket, ticket.streams {
+            return streamLines(limit: limit, ticket: ticket)
+        }
         var budget = state.readBudgetPerDispatch
         var events: [DescriptorSource.Event] = []
         // `lineBatches`: the lines not yet in `events` (a `.lineTooLong` or
@@ -219,6 +228,60 @@ final class DescriptorRunner: RunningSource {
         if failure != 0 {
             ticket?.fail(SourceFailure(operation: "read(\(fd))", code: failure, reason: errorText(failure)))
         }
+    }
+
+    /// `lines` to the runtime's own ticket: each line is delivered (and
+    /// `update` runs for it) as it is framed, no array of a dispatch's
+    /// events built (`SourceTicket.stream`); the same bounded reads as
+    /// `readStream`, the same events in the same order.
+    private func streamLines(limit: Int, ticket: SourceTicket) {
+        var budget = state.readBudgetPerDispatch
+        var failure: Int32 = 0
+        let buffer = state.readBuffer(atLeast: readSize)
+        _ = ticket.stream(of: DescriptorSource.self, rest: { framedRest(limit) }) { deliver in
+            // False once the runtime takes nothing more (it shut down).
+            var taking = true
+            // Reads stop when a command closed this connection meanwhile;
+            // what was read is still delivered.
+            while taking, open, budget > 0 {
+                let asked = min(readSize, budget)
+                let n = read(fd, buffer.baseAddress, asked)
+                if n > 0 {
+                    budget -= n
+                    chunk = UnsafeRawBufferPointer(rebasing: buffer[..<n])
+                    chunkPosition = 0
+                    while taking, let item = lines.next(chunk, from: &chunkPosition) {
+                        taking = deliver(item.event(limit: limit))
+                    }
+                    chunk = UnsafeRawBufferPointer(start: nil, count: 0)
+                    if n < asked { break }   // (as in readStream)
+                } else if n == 0 {
+                    reading = false
+                    lines.finish { if taking { taking = deliver($0.event(limit: limit)) } }
+                    if taking { _ = deliver(.endOfFile) }
+                    break
+                } else {
+                    let e = errno
+                    if e == EINTR { continue }
+                    if e != EAGAIN && e != EWOULDBLOCK {
+                        failure = e
+                        reading = false
+                    }
+                    break
+                }
+            }
+        }
+        if failure != 0 {
+            self.ticket?.fail(SourceFailure(operation: "read(\(fd))", code: failure, reason: errorText(failure)))
+        }
+    }
+
+    /// The events the rest of `chunk` frames (a shutdown during
+    /// `streamLines`'s batch).
+    private func framedRest(_ limit: Int) -> [DescriptorSource.Event] {
+        var events: [DescriptorSource.Event] = []
+        while let item = lines.next(chunk, from: &chunkPosition) { events.append(item.event(limit: limit)) }
+        return events
     }
 
     private func readDatagrams(_ size: Int) {

@@ -19,43 +19,54 @@ struct LineBuffer {
         feed(bytes) { items.append($0) }
     }
 
-    /// Calls `body` with each item `bytes` completes, in order. A line that
-    /// lies whole in `bytes` is decoded from it directly (one copy: the
-    /// `String`); only a line's first part waits in `pending`.
+    /// Calls `body` with each item `bytes` completes, in order.
     @inline(__always)
     mutating func feed(_ bytes: UnsafeRawBufferPointer, _ body: (Item) -> Void) {
         var start = 0
+        while let item = next(bytes, from: &start) { body(item) }
+    }
+
+    /// The next item `bytes[start...]` completes, `start` moved past it;
+    /// nil when the rest is used up (a line's first part waits in
+    /// `pending`, or a too-long line's bytes were skipped). A line that lies
+    /// whole in `bytes` is decoded from it directly (one copy: the
+    /// `String`); only a line's first part waits in `pending`.
+    @inline(__always)
+    mutating func next(_ bytes: UnsafeRawBufferPointer, from start: inout Int) -> Item? {
         let end = bytes.count
-        guard end > 0, let base = bytes.baseAddress else { return }
+        guard let base = bytes.baseAddress else { return nil }
         while start < end {
             // memchr: the scan is the hot part, and fast even unoptimized.
-            if let found = memchr(base + start, 10, end - start) {
-                let newline = base.distance(to: UnsafeRawPointer(found))
-                if skipping {
-                    skipping = false
-                } else if pending.count + (newline - start) > limit {
-                    body(.tooLong)
-                } else if pending.isEmpty {
-                    body(.line(Self.text(UnsafeRawBufferPointer(start: base + start, count: newline - start))))
-                } else {
-                    pending.append(contentsOf: UnsafeRawBufferPointer(start: base + start, count: newline - start))
-                    body(.line(pending.withUnsafeBytes { Self.text($0) }))
+            guard let found = memchr(base + start, 10, end - start) else {
+                defer { start = end }
+                if skipping { return nil }
+                if pending.count + (end - start) > limit {
+                    skipping = true
+                    pending.removeAll(keepingCapacity: false)
+                    return .tooLong
                 }
-                if !pending.isEmpty { pending.removeAll(keepingCapacity: true) }
-                start = newline + 1
-            } else {
-                if !skipping {
-                    if pending.count + (end - start) > limit {
-                        body(.tooLong)
-                        skipping = true
-                        pending.removeAll(keepingCapacity: false)
-                    } else {
-                        pending.append(contentsOf: UnsafeRawBufferPointer(start: base + start, count: end - start))
-                    }
-                }
-                start = end
+                pending.append(contentsOf: UnsafeRawBufferPointer(start: base + start, count: end - start))
+                return nil
             }
+            let newline = base.distance(to: UnsafeRawPointer(found))
+            defer { start = newline + 1 }
+            if skipping {
+                skipping = false
+                continue
+            }
+            if pending.count + (newline - start) > limit {
+                if !pending.isEmpty { pending.removeAll(keepingCapacity: true) }
+                return .tooLong
+            }
+            if pending.isEmpty {
+                return .line(Self.text(UnsafeRawBufferPointer(start: base + start, count: newline - start)))
+            }
+            pending.append(contentsOf: UnsafeRawBufferPointer(start: base + start, count: newline - start))
+            let line = Item.line(pending.withUnsafeBytes { Self.text($0) })
+            pending.removeAll(keepingCapacity: true)
+            return line
         }
+        return nil
     }
 
     /// The end of input: a partial last line becomes a line.

@@ -218,12 +218,14 @@ extension Subscription {
     ///   - batched: each dispatch's lines as one `.lines([String])` event
     ///     instead of one `.line` each (`Framing.lineBatches`): one message
     ///     and one `update` per batch, for throughput.
-    ///   - tag: makes a message of each event.
+    ///   - tag: makes a message of each event; it gets the event owned, so
+    ///     `{ .input($0) }` moves the line into the message (no copy).
     public static func lines(_ fd: Int32, maxLineLength: Int = DescriptorSource.defaultMaxLineLength, owned: Bool = false,
                              batched: Bool = false,
-                             _ tag: @escaping (DescriptorSource.Event) -> Message) -> Subscription {
-        Subscription(DescriptorSource.self, key: fd,
-                     configuration: .init(fd: fd, framing: .lineFraming(maxLineLength, batched: batched), ownsDescriptor: owned), tag: tag)
+                             _ tag: @escaping (consuming DescriptorSource.Event) -> Message) -> Subscription {
+        .consumingEvents(DescriptorSource.self, key: fd,
+                         configuration: .init(fd: fd, framing: .lineFraming(maxLineLength, batched: batched), ownsDescriptor: owned),
+                         tag: tag)
     }
 
     /// The datagrams arriving on socket `fd`, keyed by `fd`.
@@ -252,10 +254,10 @@ extension Subscription {
     ///   - tag: makes a message of each event.
     public static func connection(_ connection: Connection, maxLineLength: Int = DescriptorSource.defaultMaxLineLength,
                                   writeQueueLimit: Int = DescriptorSource.defaultWriteQueueLimit, batched: Bool = false,
-                                  _ tag: @escaping (DescriptorSource.Event) -> Message) -> Subscription {
-        Subscription(DescriptorSource.self, key: connection.id,
-                     configuration: .init(fd: connection.fd, framing: .lineFraming(maxLineLength, batched: batched),
-                                          ownsDescriptor: true, connection: connection, writeQueueLimit: writeQueueLimit),
-                     tag: tag)
+                                  _ tag: @escaping (consuming DescriptorSource.Event) -> Message) -> Subscription {
+        .consumingEvents(DescriptorSource.self, key: connection.id,
+                         configuration: .init(fd: connection.fd, framing: .lineFraming(maxLineLength, batched: batched),
+                                              ownsDescriptor: true, connection: connection, writeQueueLimit: writeQueueLimit),
+                         tag: tag)
     }
 }
