@@ -36,7 +36,7 @@ public struct SourceKind: Hashable, @unchecked Sendable, CustomStringConvertible
     @usableFromInline var type: ObjectIdentifier { ObjectIdentifier(source) }
 
     /// The kind of source type `source`.
-    public init<S: Source>(_ source: S.Type) {
+    @inlinable public init<S: Source>(_ source: S.Type) {
         self.source = source
     }
 
@@ -72,7 +72,7 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
     @usableFromInline let cachedHash: Int
 
     /// An identity of `kind` keyed by `key`.
-    public init<S: Source, Key: Hashable & Sendable>(_ kind: S.Type, key: Key) {
+    @inlinable public init<S: Source, Key: Hashable & Sendable>(_ kind: S.Type, key: Key) {
         self.kind = SourceKind(kind)
         self.keyBox = TypedHashableBox(key)
         var h = Hasher()
@@ -108,7 +108,7 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
 
 @usableFromInline final class TypedHashableBox<T: Hashable>: HashableBox, @unchecked Sendable {
     @usableFromInline let value: T
-    init(_ value: T) { self.value = value }
+    @usableFromInline init(_ value: T) { self.value = value }
     override func isEqual(_ other: HashableBox) -> Bool {
         guard ObjectIdentifier(type(of: other)) == ObjectIdentifier(type(of: self)) else { return false }
         return value == unsafeDowncast(other, to: TypedHashableBox<T>.self).value

@@ -58,11 +58,17 @@ final class TypedOwnerLink<Message>: OwnerLink {
             for _ in events { sink.report(.eventAfterStop(source.id, source.activation)) }
             return
         }
-        if source.memo === root, let tagger = source.tagger as? SourceTagger<S, Message> {
+        if source.memo === root {
             // Tagged as delivered: no reconcile runs within a batch, so
             // the tagger is the one it had when the batch was emitted.
-            let body = tagger.body
-            return sink.enqueue(batch: events.count, from: source) { body(events[$0]) }
+            if let tagger = source.tagger as? SourceTagger<S, Message> {
+                let body = tagger.body
+                return sink.enqueue(batch: events.count, from: source) { body(events[$0]) }
+            }
+            if let tagger = source.tagger as? ConsumingSourceTagger<S, Message> {
+                let body = tagger.body
+                return sink.enqueue(batch: events.count, from: source) { body(events[$0]) }
+            }
         }
         var messages: [Message] = []
         messages.reserveCapacity(events.count)
@@ -87,10 +93,18 @@ final class TypedOwnerLink<Message>: OwnerLink {
                 return true
             }
         }
-        if source.memo === root, let tagger = source.tagger as? SourceTagger<S, Message> {
-            let body = tagger.body
-            return sink.enqueue(stream: source, rest: { rest().map(body) }) { deliver in
-                withoutActuallyEscaping(deliver) { deliver in produce { event in deliver(body(consume event)) } }
+        if source.memo === root {
+            if let tagger = source.tagger as? ConsumingSourceTagger<S, Message> {
+                let body = tagger.body
+                return sink.enqueue(stream: source, rest: { rest().map(body) }) { deliver in
+                    withoutActuallyEscaping(deliver) { deliver in produce { event in deliver(body(consume event)) } }
+                }
+            }
+            if let tagger = source.tagger as? SourceTagger<S, Message> {
+                let body = tagger.body
+                return sink.enqueue(stream: source, rest: { rest().map(body) }) { deliver in
+                    withoutActuallyEscaping(deliver) { deliver in produce { event in deliver(body(event)) } }
+                }
             }
         }
         // The tagger and the group's route, held for the batch: a shutdown

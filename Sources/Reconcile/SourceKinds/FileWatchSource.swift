@@ -109,7 +109,7 @@ extension Subscription {
     ///   - reportExisting: whether the first event says that the path exists.
     ///   - restart: how a watch that cannot be armed retries (`FileWatchSource.defaultRetry`).
     ///   - tag: makes a message of each event.
-    public static func watch(
+    @inlinable public static func watch(
         _ path: String, symlinks: FileWatchSource.Symlinks = .follow, reportExisting: Bool = false,
         restart: RestartPolicy = FileWatchSource.defaultRetry, _ tag: @escaping (FileWatchSource.Event) -> Message
     ) -> Subscription {
@@ -126,7 +126,7 @@ extension Subscription {
     ///   - reportExisting: whether the first event says that the path exists.
     ///   - restart: how a watch that cannot be armed retries (`FileWatchSource.defaultRetry`).
     ///   - tag: makes a message of each event.
-    public static func watch<Key: Hashable & Sendable>(
+    @inlinable public static func watch<Key: Hashable & Sendable>(
         _ path: String, key: Key, symlinks: FileWatchSource.Symlinks = .follow, reportExisting: Bool = false,
         restart: RestartPolicy = FileWatchSource.defaultRetry, _ tag: @escaping (FileWatchSource.Event) -> Message
     ) -> Subscription {

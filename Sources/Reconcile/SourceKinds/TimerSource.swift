@@ -85,7 +85,7 @@ public enum TimerSource: Source {
 
 extension Subscription {
     /// A repeating timer keyed by `key`.
-    public static func every<Key: Hashable & Sendable>(
+    @inlinable public static func every<Key: Hashable & Sendable>(
         _ interval: Duration, key: Key, clock: TimerSource.Clock = .monotonic,
         leeway: Duration = TimerSource.defaultLeeway, _ tag: @escaping (TimerSource.Event) -> Message
     ) -> Subscription {
@@ -96,7 +96,7 @@ extension Subscription {
     /// A one-shot timer keyed by `key`, due `delay` after it starts. For a
     /// debounce use `debounce(_:phase:after:_:)`: its key names the debouncer
     /// and carries the phase, so a new phase is a new timer.
-    public static func after<Key: Hashable & Sendable>(
+    @inlinable public static func after<Key: Hashable & Sendable>(
         _ delay: Duration, key: Key, clock: TimerSource.Clock = .monotonic,
         leeway: Duration = TimerSource.defaultLeeway, _ tag: @escaping (TimerSource.Event) -> Message
     ) -> Subscription {
