@@ -210,3 +210,46 @@ extension SystemdTests.Descriptors {
         #expect(box.report?.stopped.count == 1)
     }
 }
+
+extension SystemdTests.Descriptors {
+    @Test func aShutdownDuringThePartialLastLinesUpdateReportsTheEndAsDropped() throws {
+        var pair: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+        defer { close(pair[0]) }
+        final class Box { var report: ShutdownReport<BatchProgram.Message>? }
+        let box = Box()
+        let h = try Harness(BatchProgram(fd: pair[0])) { command, runtime in
+            if case .stop = command { box.report = runtime.shutdown() }
+        }
+        // "stop" is the partial last line: delivered at the end of input,
+        // and its command shuts the runtime down before `.endOfFile` is.
+        let text = "a\nstop"
+        #expect(write(pair[1], text, text.utf8.count) == text.utf8.count)
+        close(pair[1])
+        try h.run(until: { box.report != nil })
+        #expect(h.runtime.model.lines == ["a", "stop"])
+        #expect(!h.runtime.model.ended)
+        #expect(box.report?.dropped == [.descriptor(.endOfFile)])
+    }
+
+    @Test func aLinesTagMayUseItsOwnedEventMoreThanOnce() {
+        // `lines` and `connection` hand the event owned; a closure that
+        // reads it before moving it, or switches on it, still compiles
+        // and sees the same event.
+        var seen: [DescriptorSource.Event] = []
+        let logging = Subscription<BatchProgram.Message>.lines(0) { e in
+            seen.append(e)
+            return .descriptor(e)
+        }
+        let switching = Subscription<String>.lines(0) { e in
+            switch e {
+            case .line(let s): s
+            default: "other"
+            }
+        }
+        #expect(logging.message(for: DescriptorSource.Event.line("x")) == .descriptor(.line("x")))
+        #expect(seen == [.line("x")])
+        #expect(switching.message(for: DescriptorSource.Event.line("y")) == "y")
+        #expect(switching.message(for: DescriptorSource.Event.endOfFile) == "other")
+    }
+}

@@ -49,6 +49,8 @@ final class DescriptorRunner: RunningSource {
     /// each line reads them; the runner is the loop thread's alone.)
     @exclusivity(unchecked) private var chunk = UnsafeRawBufferPointer(start: nil, count: 0)
     @exclusivity(unchecked) private var chunkPosition = 0
+    /// The end of input was read and its `.endOfFile` not delivered yet.
+    @exclusivity(unchecked) private var endPending = false
     private let loop: EventLoop
     private var fd: Int32 { configuration.fd }
 
@@ -214,8 +216,8 @@ final class DescriptorRunner: RunningSource {
         }
         if ended {
             switch configuration.framing {
-            case .lines(let limit): lines.finish { events.append($0.event(limit: limit)) }
-            case .lineBatches(let limit): lines.finish { Self.collect($0, limit: limit, into: &batch, &events) }
+            case .lines(let limit): if let last = lines.finish() { events.append(last.event(limit: limit)) }
+            case .lineBatches(let limit): if let last = lines.finish() { Self.collect(last, limit: limit, into: &batch, &events) }
             case .bytes, .datagrams: break
             }
         }
@@ -238,6 +240,8 @@ final class DescriptorRunner: RunningSource {
         var budget = state.readBudgetPerDispatch
         var failure: Int32 = 0
         let buffer = state.readBuffer(atLeast: readSize)
+        state.streaming = true
+        defer { state.streaming = false }
         _ = ticket.stream(of: DescriptorSource.self, rest: { framedRest(limit) }) { deliver in
             // False once the runtime takes nothing more (it shut down).
             var taking = true
@@ -257,8 +261,16 @@ final class DescriptorRunner: RunningSource {
                     if n < asked { break }   // (as in readStream)
                 } else if n == 0 {
                     reading = false
-                    lines.finish { if taking { taking = deliver($0.event(limit: limit)) } }
-                    if taking { _ = deliver(.endOfFile) }
+                    // The partial last line is taken out of the buffer
+                    // before it is delivered (its `update` may shut the
+                    // runtime down, and `framedRest` reads the buffer); the
+                    // end is owed until it is delivered.
+                    endPending = true
+                    if let last = lines.finish() { taking = deliver(last.event(limit: limit)) }
+                    if taking {
+                        endPending = false
+                        _ = deliver(.endOfFile)
+                    }
                     break
                 } else {
                     let e = errno
@@ -276,11 +288,15 @@ final class DescriptorRunner: RunningSource {
         }
     }
 
-    /// The events the rest of `chunk` frames (a shutdown during
-    /// `streamLines`'s batch).
+    /// The events the rest of `chunk` frames, then the end when it is owed
+    /// (a shutdown during `streamLines`'s batch).
     private func framedRest(_ limit: Int) -> [DescriptorSource.Event] {
         var events: [DescriptorSource.Event] = []
         while let item = lines.next(chunk, from: &chunkPosition) { events.append(item.event(limit: limit)) }
+        if endPending {
+            endPending = false
+            events.append(.endOfFile)
+        }
         return events
     }
 

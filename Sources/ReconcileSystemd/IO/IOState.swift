@@ -39,11 +39,21 @@ final class IOState {
     static let readBufferSize = 64 << 10
     private var buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: IOState.readBufferSize, alignment: 16)
 
+    /// Whether a descriptor is streaming lines out of `readBuffer` now
+    /// (`DescriptorRunner.streamLines`): its lines are framed from the
+    /// buffer while `update` and the commands run, so nothing else may
+    /// read into it meanwhile.
+    var streaming = false
+
     /// The one buffer every descriptor's dispatch reads into, at least
-    /// `count` bytes: one per loop, not one per connection (reads happen on
-    /// the loop thread, and a dispatch has made what it read into events
-    /// before it hands them on).
+    /// `count` bytes: one per loop, not one per connection. Reads happen on
+    /// the loop thread, in sd-event dispatches, which do not nest: a
+    /// dispatch has made what it read into events before it hands them
+    /// on, or, streaming lines, frames them from the buffer as they are
+    /// delivered, and no command reads a descriptor (checked here in debug
+    /// builds).
     func readBuffer(atLeast count: Int) -> UnsafeMutableRawBufferPointer {
+        assert(!streaming, "IOState.readBuffer: asked for while a descriptor streams lines out of it")
         if buffer.count < count {
             buffer.deallocate()
             buffer = .allocate(byteCount: count, alignment: 16)

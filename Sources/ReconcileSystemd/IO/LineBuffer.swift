@@ -71,14 +71,18 @@ struct LineBuffer {
 
     /// The end of input: a partial last line becomes a line.
     mutating func finish(into items: inout [Item]) {
-        finish { items.append($0) }
+        if let last = finish() { items.append(last) }
     }
 
-    /// The end of input: a partial last line is handed to `body`.
-    mutating func finish(_ body: (Item) -> Void) {
-        if !skipping, !pending.isEmpty { body(.line(pending.withUnsafeBytes { Self.text($0) })) }
-        pending.removeAll(keepingCapacity: false)
-        skipping = false
+    /// The end of input: a partial last line, if any (the buffer is empty
+    /// after it).
+    mutating func finish() -> Item? {
+        defer {
+            pending.removeAll(keepingCapacity: false)
+            skipping = false
+        }
+        guard !skipping, !pending.isEmpty else { return nil }
+        return .line(pending.withUnsafeBytes { Self.text($0) })
     }
 
     /// The line's text, a `\r` before its end dropped (invalid UTF-8 repaired).
