@@ -82,4 +82,25 @@ import Testing
             r.engine._checkInvariants()
         }
     }
+
+    /// `TypedHashableBox.isEqual` reads a box's value in place, at the
+    /// offset `valueAddress` computes: checked for each alignment.
+    @Test func aBoxsValueLiesWhereItsEqualityReadsIt() {
+        func check<T: Hashable>(_ value: T) -> Bool {
+            let box = TypedHashableBox(value)
+            let address = TypedHashableBox<T>.valueAddress(box)
+            return withUnsafeBytes(of: box.value) { bytes in
+                bytes.indices.allSatisfy { address.load(fromByteOffset: $0, as: UInt8.self) == bytes[$0] }
+            }
+        }
+        #expect(check(UInt8(0xA5)))
+        #expect(check(UInt16(0xBEEF)))
+        #expect(check(-1234567890123 as Int))
+        #expect(check("a string longer than fifteen bytes, in a buffer of its own"))
+        #expect(check("small"))
+        #expect(check(SIMD4<Float>(1, 2, 3, 4)))
+        #expect(check(SIMD8<Int64>(1, 2, 3, 4, 5, 6, 7, 8)))
+        #expect(check(Duration.seconds(3)))
+        #expect(MemoryLayout<SIMD4<Float>>.alignment == 16)
+    }
 }

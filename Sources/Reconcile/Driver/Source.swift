@@ -94,6 +94,9 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
 }
 
 /// A hashable value in a class box whose equality needs no dynamic cast.
+///
+/// It has no stored property, and must keep none: a `TypedHashableBox`'s
+/// value follows the object header (`TypedHashableBox.valueAddress`).
 @usableFromInline class HashableBox: @unchecked Sendable {
     func isEqual(_ other: HashableBox) -> Bool { fatalError() }
     var hashable: AnyHashable { fatalError() }
@@ -111,8 +114,29 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
     @usableFromInline init(_ value: T) { self.value = value }
     override func isEqual(_ other: HashableBox) -> Bool {
         guard ObjectIdentifier(type(of: other)) == ObjectIdentifier(type(of: self)) else { return false }
+        // This method is never specialised (a generic class's vtable entry),
+        // and `==` through the witness table costs 10-140 instructions. The
+        // equal case, the one every kept subscription asks, is mostly shown
+        // by the representation (see `Equality`), read in place: in
+        // unspecialised code `withUnsafeBytes(of:)` is a call and a closure.
+        let a = Self.valueAddress(self), b = Self.valueAddress(other)
+        if Equality.bytesEqual(a, b, MemoryLayout<T>.size) { return true }
+        if T.self == String.self {
+            return Equality.strings(a.assumingMemoryBound(to: String.self), b.assumingMemoryBound(to: String.self))
+        }
         return value == unsafeDowncast(other, to: TypedHashableBox<T>.self).value
     }
+
+    /// Where `box` (a `TypedHashableBox<T>`) keeps its value: a class's
+    /// first stored property follows the two-word object header, aligned
+    /// (`HashableBox` has none). `Tests/ReconcileTests` checks it against
+    /// the value for types of each alignment.
+    @inline(__always) static func valueAddress(_ box: HashableBox) -> UnsafeRawPointer {
+        let align = MemoryLayout<T>.alignment
+        let offset = (2 &* MemoryLayout<Int>.size &+ align &- 1) & ~(align &- 1)
+        return UnsafeRawPointer(Unmanaged.passUnretained(box).toOpaque()) + offset
+    }
+
     override var hashable: AnyHashable { AnyHashable(value) }
 }
 

@@ -51,6 +51,14 @@ public enum FileWatchSource: Source {
             self.restart = restart
         }
 
+        /// Whether `a` and `b` watch the same path the same way. Asked of
+        /// every kept watch on every reconcile: the path compared by its
+        /// bytes first (`Equality.strings`), the rest field by field.
+        public static func == (a: Configuration, b: Configuration) -> Bool {
+            a.symlinks == b.symlinks && a.reportExisting == b.reportExisting && a.restart == b.restart
+                && Equality.strings(a.path, b.path)
+        }
+
         /// The path, with its flags (`no-follow`, `report-existing`, a
         /// restart policy other than the default) when set.
         public var description: String {

@@ -42,6 +42,16 @@ public enum RestartPolicy: Hashable, Sendable, CustomStringConvertible {
     }
 
     /// `never`, or the backoff's description.
+    /// Whether `a` and `b` are the same policy (field by field: the
+    /// synthesized `==` copied both payloads out first).
+    public static func == (a: RestartPolicy, b: RestartPolicy) -> Bool {
+        switch (a, b) {
+        case (.never, .never): true
+        case (.backoff(let x), .backoff(let y)): x == y
+        default: false
+        }
+    }
+
     public var description: String {
         switch self {
         case .never: "never"
