@@ -83,12 +83,13 @@ import Testing
         }
     }
 
-    /// `TypedHashableBox.isEqual` reads a box's value in place, at the
-    /// offset `valueAddress` computes: checked for each alignment.
+    /// `HashableBox.sameBytes` reads a box's value in place, where its
+    /// `layout` says: checked for alignments 1 to 16 (offsets 24 and 32).
     @Test func aBoxsValueLiesWhereItsEqualityReadsIt() {
         func check<T: Hashable>(_ value: T) -> Bool {
             let box = TypedHashableBox(value)
-            let address = TypedHashableBox<T>.valueAddress(box)
+            let address = UnsafeRawPointer(Unmanaged.passUnretained(box).toOpaque()) + Int(box.layout >> 32)
+            guard Int(box.layout & 0xFFFF_FFFF) == MemoryLayout<T>.size else { return false }
             return withUnsafeBytes(of: box.value) { bytes in
                 bytes.indices.allSatisfy { address.load(fromByteOffset: $0, as: UInt8.self) == bytes[$0] }
             }
@@ -101,6 +102,10 @@ import Testing
         #expect(check(SIMD4<Float>(1, 2, 3, 4)))
         #expect(check(SIMD8<Int64>(1, 2, 3, 4, 5, 6, 7, 8)))
         #expect(check(Duration.seconds(3)))
+        // The offsets the checks above cover: after the base's one word,
+        // and rounded up for a 16-byte alignment.
+        #expect(TypedHashableBox<Int>.valueOffset == 24)
+        #expect(TypedHashableBox<SIMD4<Float>>.valueOffset == 32)
         #expect(MemoryLayout<SIMD4<Float>>.alignment == 16)
     }
 }

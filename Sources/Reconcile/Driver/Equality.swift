@@ -6,12 +6,17 @@
 /// shown equal this way": the caller then asks `==`.
 ///
 /// Two values with the same bytes are the same value, so `==` holds for any
-/// type whose equality is reflexive, as `Equatable` requires; that is how
-/// `TypedHashableBox.isEqual` answers most of them. (The one exception the
-/// standard library names, a NaN, compares equal that way: a subscription
-/// keyed by a NaN is kept, where `==` would restart it on every reconcile.)
-/// Values equal in another representation (a string in another buffer,
-/// `-0.0` and `0.0`, different padding) go on to `==`.
+/// type whose equality is reflexive, as `Equatable` requires of keys and
+/// configurations; that is how `HashableBox.sameBytes` answers most of them.
+/// A value not equal to itself (a NaN, an `==` that answers `false` to ask
+/// for a restart) may be found equal this way or not, by its bytes: whether
+/// such a subscription is kept or restarted is unspecified. Values equal in
+/// another representation (a string in another buffer, `-0.0` and `0.0`,
+/// different padding) go on to `==`.
+///
+/// Padding bytes are read as they are (uninitialised ones too, which a
+/// memory checker such as Valgrind's memcheck reports): different padding
+/// only sends the comparison on to `==`.
 @usableFromInline enum Equality {
     /// Whether `a` and `b` hold the same UTF-8 bytes, else `==` (strings
     /// with different bytes may still be canonically equivalent).
@@ -37,7 +42,8 @@
     /// Whether the `count` bytes at `a` and `b` are the same (a word at a time).
     @inline(__always)
     static func bytesEqual(_ a: UnsafeRawPointer?, _ b: UnsafeRawPointer?, _ count: Int) -> Bool {
-        guard count > 0, let a, let b else { return true }
+        guard count > 0 else { return true }
+        guard let a, let b else { return false }
         var i = 0
         while i &+ 8 <= count {
             if a.loadUnaligned(fromByteOffset: i, as: UInt64.self) != b.loadUnaligned(fromByteOffset: i, as: UInt64.self) { return false }

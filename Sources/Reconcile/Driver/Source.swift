@@ -95,11 +95,38 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
 
 /// A hashable value in a class box whose equality needs no dynamic cast.
 ///
-/// It has no stored property, and must keep none: a `TypedHashableBox`'s
-/// value follows the object header (`TypedHashableBox.valueAddress`).
+/// Its one stored property, `layout`, says where the value lies in the
+/// object and how long it is, so that `sameBytes` compares two boxes'
+/// values without a call (see `Equality`).
 @usableFromInline class HashableBox: @unchecked Sendable {
-    func isEqual(_ other: HashableBox) -> Bool { fatalError() }
+    /// The value's offset in the object (high 32 bits) and its size in
+    /// bytes (low 32 bits), set by `TypedHashableBox.init`.
+    @usableFromInline let layout: UInt64
+
+    @usableFromInline init(layout: UInt64) { self.layout = layout }
+
+    /// Whether `other` holds an equal value: `sameBytes`, then `valueEquals`.
+    final func isEqual(_ other: HashableBox) -> Bool {
+        Self.sameBytes(.passUnretained(self), .passUnretained(other)) || valueEquals(other)
+    }
+
+    /// Whether `other` holds an equal value, by the value's type (asked
+    /// when `sameBytes` did not show it).
+    func valueEquals(_ other: HashableBox) -> Bool { fatalError() }
     var hashable: AnyHashable { fatalError() }
+
+    /// Whether `a` and `b` are boxes of one type holding values with the
+    /// same bytes: equal values (see `Equality`). No call, no type
+    /// metadata: the class word, then the value a word at a time.
+    @inline(__always)
+    static func sameBytes(_ a: Unmanaged<HashableBox>, _ b: Unmanaged<HashableBox>) -> Bool {
+        let pa = UnsafeRawPointer(a.toOpaque()), pb = UnsafeRawPointer(b.toOpaque())
+        // The class of a `TypedHashableBox<T>` is one per `T`.
+        guard pa.load(as: UInt.self) == pb.load(as: UInt.self) else { return false }
+        let layout = a._withUnsafeGuaranteedRef { $0.layout }
+        let offset = Int(truncatingIfNeeded: layout &>> 32)
+        return Equality.bytesEqual(pa + offset, pb + offset, Int(truncatingIfNeeded: layout & 0xFFFF_FFFF))
+    }
 
     /// The value when it is a `T`: one compare of the box's class, no
     /// dynamic cast (and no generic metadata lookup where `T` is known).
@@ -111,30 +138,33 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
 
 @usableFromInline final class TypedHashableBox<T: Hashable>: HashableBox, @unchecked Sendable {
     @usableFromInline let value: T
-    @usableFromInline init(_ value: T) { self.value = value }
-    override func isEqual(_ other: HashableBox) -> Bool {
+    @usableFromInline init(_ value: T) {
+        self.value = value
+        super.init(layout: UInt64(Self.valueOffset) &<< 32 | UInt64(MemoryLayout<T>.size))
+    }
+
+    /// Where a box keeps its value: a class's stored properties follow the
+    /// two-word object header, each aligned, the base class's first
+    /// (`layout`, one word). `Tests/ReconcileTests/LayoutTests` checks it
+    /// against the value for types of each alignment.
+    @usableFromInline static var valueOffset: Int {
+        let align = MemoryLayout<T>.alignment
+        return (3 &* MemoryLayout<Int>.size &+ align &- 1) & ~(align &- 1)
+    }
+
+    override func valueEquals(_ other: HashableBox) -> Bool {
         guard ObjectIdentifier(type(of: other)) == ObjectIdentifier(type(of: self)) else { return false }
-        // This method is never specialised (a generic class's vtable entry),
-        // and `==` through the witness table costs 10-140 instructions. The
-        // equal case, the one every kept subscription asks, is mostly shown
-        // by the representation (see `Equality`), read in place: in
-        // unspecialised code `withUnsafeBytes(of:)` is a call and a closure.
-        let a = Self.valueAddress(self), b = Self.valueAddress(other)
-        if Equality.bytesEqual(a, b, MemoryLayout<T>.size) { return true }
+        // This method is never specialised (a generic class's vtable entry):
+        // `==` goes through the witness table. Strings, the common key
+        // whose equal values differ in bytes (each in its own buffer), are
+        // compared by their UTF-8 bytes first.
         if T.self == String.self {
+            let offset = Self.valueOffset
+            let a = UnsafeRawPointer(Unmanaged.passUnretained(self).toOpaque()) + offset
+            let b = UnsafeRawPointer(Unmanaged.passUnretained(other).toOpaque()) + offset
             return Equality.strings(a.assumingMemoryBound(to: String.self), b.assumingMemoryBound(to: String.self))
         }
         return value == unsafeDowncast(other, to: TypedHashableBox<T>.self).value
-    }
-
-    /// Where `box` (a `TypedHashableBox<T>`) keeps its value: a class's
-    /// first stored property follows the two-word object header, aligned
-    /// (`HashableBox` has none). `Tests/ReconcileTests` checks it against
-    /// the value for types of each alignment.
-    @inline(__always) static func valueAddress(_ box: HashableBox) -> UnsafeRawPointer {
-        let align = MemoryLayout<T>.alignment
-        let offset = (2 &* MemoryLayout<Int>.size &+ align &- 1) & ~(align &- 1)
-        return UnsafeRawPointer(Unmanaged.passUnretained(box).toOpaque()) + offset
     }
 
     override var hashable: AnyHashable { AnyHashable(value) }

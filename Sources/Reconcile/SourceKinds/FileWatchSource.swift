@@ -53,7 +53,9 @@ public enum FileWatchSource: Source {
 
         /// Whether `a` and `b` watch the same path the same way. Asked of
         /// every kept watch on every reconcile: the path compared by its
-        /// bytes first (`Equality.strings`), the rest field by field.
+        /// bytes first (`Equality.strings`), the rest field by field. A
+        /// field added must be compared here too (the synthesized hash
+        /// covers it; `IdentityTests` changes each field).
         public static func == (a: Configuration, b: Configuration) -> Bool {
             a.symlinks == b.symlinks && a.reportExisting == b.reportExisting && a.restart == b.restart
                 && Equality.strings(a.path, b.path)

@@ -41,9 +41,9 @@ public enum RestartPolicy: Hashable, Sendable, CustomStringConvertible {
                       reason: "gave up after \(attempts) \(retries) within \(window) (the restart policy's cap)\(then)")
     }
 
-    /// `never`, or the backoff's description.
     /// Whether `a` and `b` are the same policy (field by field: the
-    /// synthesized `==` copied both payloads out first).
+    /// synthesized `==` copied both payloads out first). A case or field
+    /// added must be compared here too (the synthesized hash covers it).
     public static func == (a: RestartPolicy, b: RestartPolicy) -> Bool {
         switch (a, b) {
         case (.never, .never): true
@@ -52,6 +52,7 @@ public enum RestartPolicy: Hashable, Sendable, CustomStringConvertible {
         }
     }
 
+    /// `never`, or the backoff's description.
     public var description: String {
         switch self {
         case .never: "never"
