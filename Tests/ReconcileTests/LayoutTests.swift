@@ -107,5 +107,8 @@ import Testing
         #expect(TypedHashableBox<Int>.valueOffset == 24)
         #expect(TypedHashableBox<SIMD4<Float>>.valueOffset == 32)
         #expect(MemoryLayout<SIMD4<Float>>.alignment == 16)
+        // A timer's configuration has no padding inside (its bytes are all
+        // its fields'), so equal ones are found equal by their bytes.
+        #expect(MemoryLayout<TimerSource.Configuration>.size == 2 * MemoryLayout<Duration>.size + 2)
     }
 }

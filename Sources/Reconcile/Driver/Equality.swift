@@ -34,6 +34,12 @@
         return a.pointee == b.pointee
     }
 
+    /// Whether `a` and `b` have the same bytes (so are equal; see above),
+    /// where the type is known: inlined, no call.
+    @inline(__always) static func sameBytes<T>(_ a: T, _ b: T) -> Bool {
+        withUnsafeBytes(of: a) { a in withUnsafeBytes(of: b) { b in bytesEqual(a.baseAddress, b.baseAddress, a.count) } }
+    }
+
     /// `strings(_:_:)` on two values.
     @inlinable static func strings(_ a: String, _ b: String) -> Bool {
         withUnsafePointer(to: a) { a in withUnsafePointer(to: b) { b in strings(a, b) } }

@@ -57,7 +57,8 @@ public enum FileWatchSource: Source {
         /// field added must be compared here too (the synthesized hash
         /// covers it; `IdentityTests` changes each field).
         public static func == (a: Configuration, b: Configuration) -> Bool {
-            a.symlinks == b.symlinks && a.reportExisting == b.reportExisting && a.restart == b.restart
+            a.symlinks == b.symlinks && a.reportExisting == b.reportExisting
+                && (Equality.sameBytes(a.restart, b.restart) || a.restart == b.restart)
                 && Equality.strings(a.path, b.path)
         }
 

@@ -23,15 +23,19 @@ public enum TimerSource: Source {
     public static let defaultLeeway: Duration = .milliseconds(1)
 
     /// A timer's parameters.
+    ///
+    /// (The two one-byte fields come last: no padding inside the value,
+    /// so two equal configurations have the same bytes and the keep path
+    /// finds them equal without a call; see `Equality`.)
     public struct Configuration: Hashable, Sendable, CustomStringConvertible {
         /// The period (repeating) or the delay from start (one-shot).
         public var interval: Duration
+        /// How late the loop may fire the timer to coalesce wake-ups.
+        public var leeway: Duration
         /// Whether the timer repeats.
         public var repeats: Bool
         /// The clock.
         public var clock: Clock
-        /// How late the loop may fire the timer to coalesce wake-ups.
-        public var leeway: Duration
 
         /// A timer every (or once after) `interval` on `clock`, with `leeway`.
         public init(interval: Duration, repeats: Bool = true, clock: Clock = .monotonic, leeway: Duration = TimerSource.defaultLeeway) {
