@@ -449,8 +449,8 @@ extension DescriptorRunner {
     /// `lineBatches`: a line joins `batch`; a too-long line closes the
     /// batch (into `events`) and follows it.
     @inline(__always)
-    static func collect(_ item: LineBuffer.Item, limit: Int, into batch: inout [String], _ events: inout [DescriptorSource.Event]) {
-        switch item {
+    static func collect(_ item: consuming LineBuffer.Item, limit: Int, into batch: inout [String], _ events: inout [DescriptorSource.Event]) {
+        switch consume item {
         case .line(let s): batch.append(s)
         case .tooLong:
             if !batch.isEmpty {
@@ -465,8 +465,8 @@ extension DescriptorRunner {
 extension LineBuffer.Item {
     /// The descriptor event of this item (`limit`: the configured maximum).
     @inline(__always)
-    func event(limit: Int) -> DescriptorSource.Event {
-        switch self {
+    consuming func event(limit: Int) -> DescriptorSource.Event {
+        switch consume self {
         case .line(let s): .line(s)
         case .tooLong: .lineTooLong(limit: limit)
         }
