@@ -92,4 +92,21 @@ import Testing
         #expect(C(path: path).hashValue == C(path: Self.copy(path)).hashValue)
         #expect(C(path: "/srv/caf\u{E9}").hashValue == C(path: "/srv/cafe\u{301}").hashValue)
     }
+
+    /// `Equality.bytesEqual` at every length to 40 (words, overlapping
+    /// tails, halves): equal bytes are equal, one byte changed anywhere is not.
+    @Test func bytesAreComparedWholeAtEveryLength() {
+        for count in 0...40 {
+            let a = (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+            a.withUnsafeBytes { x in
+                var b = a
+                b.withUnsafeBytes { y in #expect(Equality.bytesEqual(x.baseAddress, y.baseAddress, count), "length \(count)") }
+                for k in 0..<count {
+                    b = a
+                    b[k] ^= 0x40
+                    b.withUnsafeBytes { y in #expect(!Equality.bytesEqual(x.baseAddress, y.baseAddress, count), "length \(count), byte \(k)") }
+                }
+            }
+        }
+    }
 }

@@ -45,20 +45,30 @@
         withUnsafePointer(to: a) { a in withUnsafePointer(to: b) { b in strings(a, b) } }
     }
 
-    /// Whether the `count` bytes at `a` and `b` are the same (a word at a time).
+    /// Whether the `count` bytes at `a` and `b` are the same: a word at a
+    /// time, the last word overlapping the one before it (no byte loop for
+    /// the tail); under a word, two overlapping halves the same way.
     @inline(__always)
     static func bytesEqual(_ a: UnsafeRawPointer?, _ b: UnsafeRawPointer?, _ count: Int) -> Bool {
         guard count > 0 else { return true }
         guard let a, let b else { return false }
-        var i = 0
-        while i &+ 8 <= count {
-            if a.loadUnaligned(fromByteOffset: i, as: UInt64.self) != b.loadUnaligned(fromByteOffset: i, as: UInt64.self) { return false }
-            i &+= 8
+        if count >= 8 {
+            let last = count &- 8
+            var i = 0
+            while i < last {
+                if a.loadUnaligned(fromByteOffset: i, as: UInt64.self) != b.loadUnaligned(fromByteOffset: i, as: UInt64.self) { return false }
+                i &+= 8
+            }
+            return a.loadUnaligned(fromByteOffset: last, as: UInt64.self) == b.loadUnaligned(fromByteOffset: last, as: UInt64.self)
         }
-        while i < count {
-            if a.load(fromByteOffset: i, as: UInt8.self) != b.load(fromByteOffset: i, as: UInt8.self) { return false }
-            i &+= 1
+        if count >= 4 {
+            return a.loadUnaligned(as: UInt32.self) == b.loadUnaligned(as: UInt32.self)
+                && a.loadUnaligned(fromByteOffset: count &- 4, as: UInt32.self) == b.loadUnaligned(fromByteOffset: count &- 4, as: UInt32.self)
         }
-        return true
+        if count >= 2 {
+            return a.loadUnaligned(as: UInt16.self) == b.loadUnaligned(as: UInt16.self)
+                && a.loadUnaligned(fromByteOffset: count &- 2, as: UInt16.self) == b.loadUnaligned(fromByteOffset: count &- 2, as: UInt16.self)
+        }
+        return a.load(as: UInt8.self) == b.load(as: UInt8.self)
     }
 }
