@@ -19,12 +19,12 @@ final class GroupMemo {
     /// The entries in desired order, unretained: the active table holds
     /// them, and an entry leaves every order before it leaves the table.
     @exclusivity(unchecked) var order: ContiguousArray<Unmanaged<ActiveSource>> = []
-    var children: [GroupKey: GroupMemo] = [:]
+    @exclusivity(unchecked) var children: [GroupKey: GroupMemo] = [:]
     /// The nested groups in the order last walked, for positional lookup
     /// (unretained: `children` holds them).
     @exclusivity(unchecked) var childOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
     /// The new child order, built only from where it first differs.
-    var newChildOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
+    @exclusivity(unchecked) var newChildOrder: ContiguousArray<Unmanaged<GroupMemo>> = []
     var childBuilding = false
     var childCursor = 0
     /// Entries claimed by this group and its nested groups.

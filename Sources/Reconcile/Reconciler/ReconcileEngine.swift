@@ -22,7 +22,7 @@ final class ReconcileEngine {
     // Per reconcile.
     @exclusivity(unchecked) var records = PlanRecords()
     @exclusivity(unchecked) var kept = 0
-    var duplicates: [SubscriptionID] = []
+    @exclusivity(unchecked) var duplicates: [SubscriptionID] = []
     /// The group being walked: the root or a memo its parent's `children`
     /// holds for the walk, so it is held unretained (no reference counting
     /// per group begun, the root's included; between reconciles it is the
@@ -31,20 +31,20 @@ final class ReconcileEngine {
     var forwards: [(Any) -> Any] = [] { didSet { mapping = !forwards.isEmpty } }
     /// `!forwards.isEmpty`, read on the skip path (a plain load).
     var mapping = false
-    var scans: [(memo: GroupMemo, order: ContiguousArray<Unmanaged<ActiveSource>>, from: Int)] = []
+    @exclusivity(unchecked) var scans: [(memo: GroupMemo, order: ContiguousArray<Unmanaged<ActiveSource>>, from: Int)] = []
     /// Entries a new entry took the place of in their group's order
     /// (stopped unless claimed elsewhere in this reconcile).
     @exclusivity(unchecked) var displaced: [(memo: Unmanaged<GroupMemo>, entry: Unmanaged<ActiveSource>)] = []
-    var vanished: [GroupMemo] = []
+    @exclusivity(unchecked) var vanished: [GroupMemo] = []
     /// The contents of groups rebuilt in this reconcile, released at its end
     /// (after the stops pinned the taggers they hold).
-    var releasedContents: [Subscriptions<Erased>] = []
+    @exclusivity(unchecked) var releasedContents: [Subscriptions<Erased>] = []
     @exclusivity(unchecked) var changes = 0
     /// Starts in the last reconcile that had any: the first start of a
     /// reconcile reserves that many (one allocation for the list, not a
     /// growth series; nothing when nothing starts).
     var lastStarts = 0
-    var notPure: [String] = []
+    @exclusivity(unchecked) var notPure: [String] = []
     /// Entries the last reconcile stopped (its stops and restarted
     /// entries), oldest activation first, and the next one to try: a start
     /// reuses one that nothing else references any more (not the runtime's
