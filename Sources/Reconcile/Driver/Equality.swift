@@ -17,14 +17,14 @@
 /// Padding bytes are read as they are (uninitialised ones too, which a
 /// memory checker such as Valgrind's memcheck reports): different padding
 /// only sends the comparison on to `==`.
-@usableFromInline enum Equality {
+enum Equality {
     /// Whether `a` and `b` hold the same UTF-8 bytes, else `==` (strings
     /// with different bytes may still be canonically equivalent).
     ///
     /// The standard library's `==` on two native strings in different
     /// buffers goes through four calls and a normalization check (~140
     /// instructions for a 33-byte path); equal bytes are found in ~30.
-    @usableFromInline static func strings(_ a: UnsafePointer<String>, _ b: UnsafePointer<String>) -> Bool {
+    static func strings(_ a: UnsafePointer<String>, _ b: UnsafePointer<String>) -> Bool {
         let same = a.pointee.utf8.withContiguousStorageIfAvailable { x in
             b.pointee.utf8.withContiguousStorageIfAvailable { y in
                 x.count == y.count && bytesEqual(UnsafeRawPointer(x.baseAddress), UnsafeRawPointer(y.baseAddress), x.count)
@@ -41,7 +41,7 @@
     }
 
     /// `strings(_:_:)` on two values.
-    @inlinable static func strings(_ a: String, _ b: String) -> Bool {
+    static func strings(_ a: String, _ b: String) -> Bool {
         withUnsafePointer(to: a) { a in withUnsafePointer(to: b) { b in strings(a, b) } }
     }
 

@@ -105,8 +105,9 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
 
     @usableFromInline init(layout: UInt64) { self.layout = layout }
 
-    /// Whether `other` holds an equal value: `sameBytes`, then `valueEquals`.
-    final func isEqual(_ other: HashableBox) -> Bool {
+    /// Whether `other` holds an equal value: `sameBytes`, then `valueEquals`
+    /// (inlined: the keep path's comparison, `ReconcileEngine.sameBox`).
+    @inline(__always) final func isEqual(_ other: HashableBox) -> Bool {
         Self.sameBytes(.passUnretained(self), .passUnretained(other)) || valueEquals(other)
     }
 
@@ -126,6 +127,11 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
         let layout = a._withUnsafeGuaranteedRef { $0.layout }
         let offset = Int(truncatingIfNeeded: layout &>> 32)
         return Equality.bytesEqual(pa + offset, pb + offset, Int(truncatingIfNeeded: layout & 0xFFFF_FFFF))
+    }
+
+    /// Where this box keeps its value (`layout`'s offset).
+    @inline(__always) final var valueAddress: UnsafeRawPointer {
+        UnsafeRawPointer(Unmanaged.passUnretained(self).toOpaque()) + Int(truncatingIfNeeded: layout &>> 32)
     }
 
     /// The value when it is a `T`: one compare of the box's class, no
@@ -159,10 +165,8 @@ public struct SubscriptionID: Hashable, @unchecked Sendable, CustomStringConvert
         // whose equal values differ in bytes (each in its own buffer), are
         // compared by their UTF-8 bytes first.
         if T.self == String.self {
-            let offset = Self.valueOffset
-            let a = UnsafeRawPointer(Unmanaged.passUnretained(self).toOpaque()) + offset
-            let b = UnsafeRawPointer(Unmanaged.passUnretained(other).toOpaque()) + offset
-            return Equality.strings(a.assumingMemoryBound(to: String.self), b.assumingMemoryBound(to: String.self))
+            return Equality.strings(valueAddress.assumingMemoryBound(to: String.self),
+                                    other.valueAddress.assumingMemoryBound(to: String.self))
         }
         return value == unsafeDowncast(other, to: TypedHashableBox<T>.self).value
     }

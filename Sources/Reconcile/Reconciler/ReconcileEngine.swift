@@ -254,8 +254,8 @@ final class ReconcileEngine {
     /// retained to keep it alive across the call.
     @inline(__always)
     static func sameBox(_ ua: Unmanaged<HashableBox>, _ ub: Unmanaged<HashableBox>) -> Bool {
-        if ua.toOpaque() == ub.toOpaque() || HashableBox.sameBytes(ua, ub) { return true }
-        return ua._withUnsafeGuaranteedRef { a in ub._withUnsafeGuaranteedRef { b in a.valueEquals(b) } }
+        if ua.toOpaque() == ub.toOpaque() { return true }
+        return ua._withUnsafeGuaranteedRef { a in ub._withUnsafeGuaranteedRef { b in a.isEqual(b) } }
     }
 
     func start(_ d: UnsafePointer<SubscriptionCore>, in memo: GroupMemo) {

@@ -19,8 +19,8 @@ struct LineBuffer {
         feed(bytes) { items.append($0) }
     }
 
-    /// Calls `body` with each item `bytes` completes, in order (moved in:
-    /// a copy retained and released each line's string).
+    /// Calls `body` with each item `bytes` completes, in order, moved in
+    /// (a borrowed item cost each line's string a retain and a release).
     @inline(__always)
     mutating func feed(_ bytes: UnsafeRawBufferPointer, _ body: (consuming Item) -> Void) {
         var start = 0
