@@ -57,7 +57,45 @@ private func writeAll(_ fd: Int32, _ bytes: [UInt8], chunk: Int) {
     }
 }
 
+/// Keeps every batch it is given, the array itself (not a copy of its
+/// elements), in its model.
+struct KeepingBatchProgram: Program {
+    struct Model: Equatable { var kept: [[String]] = []; var ended = false }
+    enum Message { case descriptor(DescriptorSource.Event) }
+    let fd: Int32
+    func start() -> (Model, [Never]) { (Model(), []) }
+    func update(_ model: inout Model, _ message: Message) -> [Never] {
+        switch message {
+        case .descriptor(.lines(let lines)): model.kept.append(lines)
+        case .descriptor(.endOfFile): model.ended = true
+        default: break
+        }
+        return []
+    }
+    func subscriptions(_ model: Model) -> Subscriptions<Message> {
+        Subscriptions { Subscription.lines(fd, batched: true) { .descriptor($0) } }
+    }
+}
+
 extension SystemdTests.Descriptors {
+    /// The loop reuses a delivered batch's array for the next batch: a
+    /// program that kept the array keeps what it was given.
+    @Test func aBatchTheProgramKeepsIsNotChangedByTheBatchesAfterIt() throws {
+        var pair: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+        defer { close(pair[0]) }
+        let h = try Harness(KeepingBatchProgram(fd: pair[0]))
+        // About 100 KB: at most 64 KiB a dispatch, so two batches or more.
+        let lines = (0..<2500).map { "kept \($0) " + String(repeating: "k", count: $0 % 61) }
+        writeAll(pair[1], Array((lines.joined(separator: "\n") + "\n").utf8), chunk: 50_000)
+        close(pair[1])
+        try h.run(until: { h.runtime.model.ended })
+        let kept = h.runtime.model.kept
+        #expect(kept.count >= 2)
+        #expect(!kept.contains { $0.isEmpty })
+        #expect(Array(kept.joined()) == lines)
+    }
+
     @Test func aDispatchsLinesReachUpdateInOrderWithOneReconcilePerBatchNotPerLine() throws {
         var pair: [Int32] = [0, 0]
         #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)

@@ -182,7 +182,7 @@ final class DescriptorRunner: RunningSource {
         var events: [DescriptorSource.Event] = []
         // `lineBatches`: the lines not yet in `events` (a `.lineTooLong` or
         // the end closes the batch before it, so the order is kept).
-        var batch: [String] = []
+        var batch = state.takeLineBatch()
         var ended = false
         var failure: Int32 = 0
         let buffer = state.readBuffer(atLeast: readSize)
@@ -226,7 +226,9 @@ final class DescriptorRunner: RunningSource {
         if ended { events.append(.endOfFile) }
         // The buffer is not used past here: the program may start a reader
         // that reads into it before this returns.
-        deliver(events)
+        deliver(consume events)
+        // Delivered: the batch's strings freed here, its storage kept.
+        state.returnLineBatch(batch)
         if failure != 0 {
             ticket?.fail(SourceFailure(operation: "read(\(fd))", code: failure, reason: errorText(failure)))
         }

@@ -61,6 +61,37 @@ final class IOState {
         return buffer
     }
 
+    /// The array a batched dispatch gathers its lines in (`lines(fd,
+    /// batched: true)`), kept between dispatches: one per loop. Once
+    /// `update` has seen a batch, its strings are freed in place and the
+    /// array's storage is used again, so a batch neither grows an array
+    /// from nothing nor asks malloc for a large block, which made glibc
+    /// consolidate the previous batch's freed strings and carve every new
+    /// one out of the merged chunks (about 300 instructions a line).
+    private var spareLines: [String] = []
+
+    /// The spare batch array (empty), taken: a nested dispatch, were there
+    /// one, gets an empty one of its own.
+    func takeLineBatch() -> [String] {
+        var batch: [String] = []
+        swap(&batch, &spareLines)
+        return batch
+    }
+
+    /// `batch`, delivered, back as the spare: emptied, its capacity kept
+    /// up to `spareLineCapacity` lines (one 64 KiB dispatch of 64-byte
+    /// lines is about 1,000). A program that keeps the array leaves it
+    /// shared, and emptying it then makes a new one of that capacity.
+    func returnLineBatch(_ batch: consuming [String]) {
+        var batch = batch
+        guard batch.capacity <= Self.spareLineCapacity else { return }
+        batch.removeAll(keepingCapacity: true)
+        spareLines = batch
+    }
+
+    /// The most lines a spare batch array keeps room for: 4,096 (64 KiB).
+    static let spareLineCapacity = 4096
+
     /// Descriptors open for reading now (`DescriptorRunner`).
     private(set) var readers = 0
     func readerOpened() { readers += 1 }
