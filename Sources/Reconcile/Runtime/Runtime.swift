@@ -269,16 +269,44 @@ public final class Runtime<P: Program>: DriverHost {
         }
     }
 
+    /// Runs `update` for one message, then its commands.
+    ///
+    /// What is not needed for every message is out of line (a late
+    /// delivery, the transcript, `didCommit`, the commands' loop): this
+    /// generic code then looks up neither the command's nor the model's
+    /// type, nor makes room for either on the stack, for a message whose
+    /// update returned no command (about 100 instructions a message).
     @inline(__always)
     private func deliver(_ message: P.Message, from source: ActiveSource?, origin: @autoclosure () -> MessageOrigin) {
-        if let source, !source.isActive {
-            stats.lateDeliveries += 1
-            report(.lateDelivery(source.id, source.activation))
-        }
+        if let source, !source.isActive { reportLate(source) }
         let commands = program.update(&model, message)
         stats.messages += 1
         if transcriptMessage != nil || transcript != nil { record(message, origin: origin(), commands: commands) }
-        didCommit?(model)
+        if didCommit != nil { commit() }
+        if !Self.isEmpty(commands) { performAll(commands) }
+    }
+
+    /// Whether `commands` is empty, read from the array's storage header,
+    /// which is the same for every element type: asked of `[P.Command]`
+    /// itself, this generic code would look the array's type up first.
+    @inline(__always)
+    private static func isEmpty(_ commands: [P.Command]) -> Bool {
+        unsafeBitCast(commands, to: [UInt8].self).isEmpty
+    }
+
+    @inline(never)
+    private func reportLate(_ source: ActiveSource) {
+        stats.lateDeliveries += 1
+        report(.lateDelivery(source.id, source.activation))
+    }
+
+    @inline(never)
+    private func commit() { didCommit?(model) }
+
+    /// `commands` performed in order; a command that ends the runtime ends
+    /// the loop.
+    @inline(never)
+    private func performAll(_ commands: [P.Command]) {
         for c in commands {
             perform(c, self)
             if state != .running { return }

@@ -193,10 +193,14 @@ final class DescriptorRunner: RunningSource {
                 budget -= n
                 let got = UnsafeRawBufferPointer(rebasing: buffer[..<n])
                 switch configuration.framing {
+                // (`next` in a loop, not `feed` and a closure: the closure
+                // was not inlined, a call per line.)
                 case .lines(let limit):
-                    lines.feed(got) { events.append($0.event(limit: limit)) }
+                    var position = 0
+                    while let item = lines.next(got, from: &position) { events.append(item.event(limit: limit)) }
                 case .lineBatches(let limit):
-                    lines.feed(got) { Self.collect($0, limit: limit, into: &batch, &events) }
+                    var position = 0
+                    while let item = lines.next(got, from: &position) { Self.collect(item, limit: limit, into: &batch, &events) }
                 case .bytes, .datagrams:
                     events.append(.bytes(Array(got)))
                 }
