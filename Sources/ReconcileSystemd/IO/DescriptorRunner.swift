@@ -231,8 +231,10 @@ final class DescriptorRunner: RunningSource {
         // The buffer is not used past here: the program may start a reader
         // that reads into it before this returns.
         deliver(consume events)
-        // Delivered: the batch's strings freed here, its storage kept.
-        state.returnLineBatch(batch)
+        // Delivered: the batch's strings freed here, its storage kept
+        // (moved: a copy left here would make the array shared, and
+        // emptying it would allocate a new one).
+        state.returnLineBatch(consume batch)
         if failure != 0 {
             ticket?.fail(SourceFailure(operation: "read(\(fd))", code: failure, reason: errorText(failure)))
         }

@@ -83,7 +83,6 @@ final class IOState {
     /// lines is about 1,000). A program that keeps the array leaves it
     /// shared, and emptying it then makes a new one of that capacity.
     func returnLineBatch(_ batch: consuming [String]) {
-        var batch = batch
         guard batch.capacity <= Self.spareLineCapacity else { return }
         batch.removeAll(keepingCapacity: true)
         spareLines = batch
