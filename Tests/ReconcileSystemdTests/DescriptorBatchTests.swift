@@ -1,7 +1,7 @@
 import CSystemd
 import Glibc
 import Reconcile
-import ReconcileSystemd
+@testable import ReconcileSystemd
 import Testing
 
 /// Collects the lines of one descriptor; the line "stop" asks for the
@@ -57,43 +57,71 @@ private func writeAll(_ fd: Int32, _ bytes: [UInt8], chunk: Int) {
     }
 }
 
-/// Keeps every batch it is given, the array itself (not a copy of its
-/// elements), in its model.
+/// Keeps every other batch it is given, the array itself (not a copy of
+/// its elements), in its model; copies the lines of all of them.
 struct KeepingBatchProgram: Program {
-    struct Model: Equatable { var kept: [[String]] = []; var ended = false }
+    struct Model: Equatable {
+        var kept: [[String]] = []
+        var all: [String] = []
+        var sizes: [Int] = []
+        var tooLong = 0
+        var ended = false
+    }
     enum Message { case descriptor(DescriptorSource.Event) }
     let fd: Int32
     func start() -> (Model, [Never]) { (Model(), []) }
     func update(_ model: inout Model, _ message: Message) -> [Never] {
         switch message {
-        case .descriptor(.lines(let lines)): model.kept.append(lines)
+        case .descriptor(.lines(let lines)):
+            if model.sizes.count % 2 == 0 { model.kept.append(lines) }
+            model.all += lines
+            model.sizes.append(lines.count)
+        case .descriptor(.lineTooLong): model.tooLong += 1
         case .descriptor(.endOfFile): model.ended = true
         default: break
         }
         return []
     }
     func subscriptions(_ model: Model) -> Subscriptions<Message> {
-        Subscriptions { Subscription.lines(fd, batched: true) { .descriptor($0) } }
+        Subscriptions { Subscription.lines(fd, maxLineLength: 200, batched: true) { .descriptor($0) } }
     }
 }
 
 extension SystemdTests.Descriptors {
-    /// The loop reuses a delivered batch's array for the next batch: a
-    /// program that kept the array keeps what it was given.
+    /// The loop reuses a delivered batch's array for the next batch: the
+    /// batches the program did not keep are emptied in place, those it
+    /// kept keep what they were given, and a kept batch holds no more room
+    /// than eight times its lines.
     @Test func aBatchTheProgramKeepsIsNotChangedByTheBatchesAfterIt() throws {
         var pair: [Int32] = [0, 0]
         #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
         defer { close(pair[0]) }
         let h = try Harness(KeepingBatchProgram(fd: pair[0]))
-        // About 100 KB: at most 64 KiB a dispatch, so two batches or more.
+        let emptiedBefore = h.driver.io.lineBatchesEmptiedInPlace
+        // About 100 KB (at most 64 KiB a dispatch: two batches or more),
+        // a too-long line after the 1,200th (one more batch boundary).
         let lines = (0..<2500).map { "kept \($0) " + String(repeating: "k", count: $0 % 61) }
-        writeAll(pair[1], Array((lines.joined(separator: "\n") + "\n").utf8), chunk: 50_000)
+        let text = lines[..<1200].joined(separator: "\n") + "\n" + String(repeating: "z", count: 5000) + "\n"
+            + lines[1200...].joined(separator: "\n") + "\n"
+        writeAll(pair[1], Array(text.utf8), chunk: 50_000)
         close(pair[1])
         try h.run(until: { h.runtime.model.ended })
-        let kept = h.runtime.model.kept
-        #expect(kept.count >= 2)
-        #expect(!kept.contains { $0.isEmpty })
-        #expect(Array(kept.joined()) == lines)
+        let m = h.runtime.model
+        #expect(m.all == lines)
+        #expect(m.tooLong == 1)
+        #expect(m.sizes.count >= 3)
+        #expect(!m.sizes.contains(0))
+        // Each kept batch is what its event carried: batches 0, 2, 4, ...
+        var start = 0
+        var expected: [[String]] = []
+        for (i, n) in m.sizes.enumerated() {
+            if i % 2 == 0 { expected.append(Array(m.all[start..<start + n])) }
+            start += n
+        }
+        #expect(m.kept == expected)
+        #expect(m.kept.allSatisfy { $0.capacity <= max(8 * $0.count, 16) })
+        // The batches between the kept ones were emptied in place.
+        #expect(h.driver.io.lineBatchesEmptiedInPlace > emptiedBefore)
     }
 
     @Test func aDispatchsLinesReachUpdateInOrderWithOneReconcilePerBatchNotPerLine() throws {

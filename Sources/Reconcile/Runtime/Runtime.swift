@@ -287,11 +287,17 @@ public final class Runtime<P: Program>: DriverHost {
     }
 
     /// Whether `commands` is empty, read from the array's storage header,
-    /// which is the same for every element type: asked of `[P.Command]`
-    /// itself, this generic code would look the array's type up first.
+    /// which is the same for every element type of a native array (every
+    /// array without Objective-C interoperability, as on Linux): asked of
+    /// `[P.Command]` itself, this generic code would look the array's type
+    /// up first. (Where an array may be a bridged `NSArray`, asked of it.)
     @inline(__always)
     private static func isEmpty(_ commands: [P.Command]) -> Bool {
+        #if _runtime(_ObjC)
+        commands.isEmpty
+        #else
         unsafeBitCast(commands, to: [UInt8].self).isEmpty
+        #endif
     }
 
     @inline(never)

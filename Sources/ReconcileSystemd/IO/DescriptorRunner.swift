@@ -225,15 +225,15 @@ final class DescriptorRunner: RunningSource {
             case .bytes, .datagrams: break
             }
         }
-        if !batch.isEmpty { events.append(.lines(batch)) }
+        if !batch.isEmpty { events.append(Self.lines(of: &batch)) }
         if ended || failure != 0 { reading = false }
         if ended { events.append(.endOfFile) }
         // The buffer is not used past here: the program may start a reader
         // that reads into it before this returns.
         deliver(consume events)
-        // Delivered: the batch's strings freed here, its storage kept
-        // (moved: a copy left here would make the array shared, and
-        // emptying it would allocate a new one).
+        // Delivered: the batch's strings freed here (when nothing kept
+        // them), its storage kept (moved: a copy left here would make the
+        // array shared, and emptying it would allocate a new one).
         state.returnLineBatch(consume batch)
         if failure != 0 {
             ticket?.fail(SourceFailure(operation: "read(\(fd))", code: failure, reason: errorText(failure)))
@@ -462,11 +462,25 @@ extension DescriptorRunner {
         case .line(let s): batch.append(s)
         case .tooLong:
             if !batch.isEmpty {
-                events.append(.lines(batch))
-                batch.removeAll()
+                events.append(lines(of: &batch))
+                batch.removeAll(keepingCapacity: true)
             }
             events.append(.lineTooLong(limit: limit))
         }
+    }
+
+    /// The `.lines` event of `batch` (not empty). A batch that fills less
+    /// than an eighth of its array's room (the loop's spare keeps the room
+    /// of its largest batch) goes as a copy of its own size, and `batch`
+    /// is emptied in place: a program that keeps the lines does not keep
+    /// the room. A fuller one goes as it is, `batch` still holding it.
+    static func lines(of batch: inout [String]) -> DescriptorSource.Event {
+        guard batch.count &* 8 < batch.capacity else { return .lines(batch) }
+        var copy: [String] = []
+        copy.reserveCapacity(batch.count)
+        copy.append(contentsOf: batch)
+        batch.removeAll(keepingCapacity: true)
+        return .lines(copy)
     }
 }
 

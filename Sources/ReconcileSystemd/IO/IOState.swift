@@ -67,8 +67,11 @@ final class IOState {
     /// array's storage is used again, so a batch neither grows an array
     /// from nothing nor asks malloc for a large block, which made glibc
     /// consolidate the previous batch's freed strings and carve every new
-    /// one out of the merged chunks (about 300 instructions a line).
+    /// one out of the merged chunks (about 170 instructions a line).
     private var spareLines: [String] = []
+
+    /// Batches whose array was emptied in place for the next (tests).
+    private(set) var lineBatchesEmptiedInPlace = 0
 
     /// The spare batch array (empty), taken: a nested dispatch, were there
     /// one, gets an empty one of its own.
@@ -80,16 +83,19 @@ final class IOState {
 
     /// `batch`, delivered, back as the spare: emptied, its capacity kept
     /// up to `spareLineCapacity` lines (one 64 KiB dispatch of 64-byte
-    /// lines is about 1,000). A program that keeps the array leaves it
-    /// shared, and emptying it then makes a new one of that capacity.
+    /// lines is about 1,000). When something still holds the array (a
+    /// program kept it, a shutdown reported it dropped, the inbox holds
+    /// it), emptying it makes a new one of that capacity instead.
     func returnLineBatch(_ batch: consuming [String]) {
-        guard batch.capacity <= Self.spareLineCapacity else { return }
+        guard batch.capacity > 0, batch.capacity <= Self.spareLineCapacity else { return }
+        let storage = batch.withUnsafeBufferPointer { $0.baseAddress }
         batch.removeAll(keepingCapacity: true)
+        if batch.withUnsafeBufferPointer({ $0.baseAddress }) == storage { lineBatchesEmptiedInPlace += 1 }
         spareLines = batch
     }
 
-    /// The most lines a spare batch array keeps room for: 4,096 (64 KiB).
-    static let spareLineCapacity = 4096
+    /// The most lines a spare batch array keeps room for: 8,192 (128 KiB).
+    static let spareLineCapacity = 8192
 
     /// Descriptors open for reading now (`DescriptorRunner`).
     private(set) var readers = 0
