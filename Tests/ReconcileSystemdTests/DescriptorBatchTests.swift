@@ -319,3 +319,78 @@ extension SystemdTests.Descriptors {
         #expect(switching.message(for: DescriptorSource.Event.endOfFile) == "other")
     }
 }
+
+extension SystemdTests.Descriptors {
+    /// A batched subscription whose own batch turns it off (its update
+    /// asks for no subscription), 2,000 times on one descriptor: each
+    /// cycle's lines arrive as one batch, the stop from inside the batch's
+    /// dispatch leaves the descriptor open (not owned) and nothing else
+    /// behind: no descriptor, no event source, no lost or repeated line.
+    @Test func aBatchedSubscriptionStoppedByItsOwnBatchTwoThousandTimesLeavesNothingBehind() throws {
+        var pair: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+        defer { close(pair[0]); close(pair[1]) }
+        final class Seen: @unchecked Sendable { var lines: [String] = [] }
+        let seen = Seen()
+        let fd = pair[0]
+        let h = try Harness(Toggle { on in
+            on ? Subscription.lines(fd, batched: true) { event in
+                if case .lines(let lines) = event { seen.lines += lines }
+                return false
+            } : nil
+        })
+        func cycle(_ i: Int) throws {
+            writeAll(pair[1], Array("a\(i)\nb\(i)\n".utf8), chunk: 64)
+            try h.runtime.send(true)
+            // Until the batch turned it off and the reconcile after the
+            // batch (left to the loop's next pump) stopped it.
+            try h.run(until: { !h.runtime.model && h.driver.runningCount == 0 })
+        }
+        for i in 0..<100 { try cycle(i) }
+        let fds = openDescriptors()
+        let live = EventSourceAccounting.live
+        let startsBefore = h.runtime.stats.starts
+        for i in 100..<2_100 { try cycle(i) }
+        #expect(h.runtime.stats.starts - startsBefore == 2_000)
+        #expect(h.driver.runningCount == 0)
+        #expect(openDescriptors().subtracting(fds).isEmpty)
+        #expect(EventSourceAccounting.live == live)
+        #expect(seen.lines == (0..<2_100).flatMap { ["a\($0)", "b\($0)"] })
+        // The descriptor is still open and still the subscription's input.
+        #expect(fcntl(fd, F_GETFD) >= 0)
+    }
+}
+
+extension SystemdTests.Descriptors {
+    /// Batched lines from a writer no one here wrote: python3 writes 50,000
+    /// lines (and one of 100,000 bytes) into a FIFO as fast as it can while
+    /// the loop reads; every line arrives once, in order, the long one as
+    /// `.lineTooLong` where it was.
+    @Test func batchedLinesFromAPythonWriterThroughAFIFOArriveWholeAndInOrder() throws {
+        let dir = try makeTemporaryDirectory()
+        defer { removeTree(dir) }
+        let path = dir + "/fifo"
+        #expect(mkfifo(path, 0o600) == 0)
+        let reader = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
+        defer { close(reader) }
+        try writeFile(dir + "/writer.py", """
+            import sys
+            f = open(sys.argv[1], 'w')
+            for i in range(50000):
+                if i == 25000:
+                    f.write('z' * 100000 + '\\n')
+                f.write('py %d %s\\n' % (i, 'q' * (i % 113)))
+            f.close()
+            """)
+        let h = try Harness(BatchProgram(fd: reader, batched: true))
+        let writer = try Spawned("/usr/bin/python3 \(dir)/writer.py \(path)")
+        try h.run(until: { h.runtime.model.ended }, timeout: .seconds(30))
+        let expected = (0..<50_000).map { "py \($0) " + String(repeating: "q", count: $0 % 113) }
+        #expect(h.runtime.model.lines == expected)
+        #expect(h.runtime.model.tooLongAt == [25_000])
+        #expect(h.runtime.model.batches.count > 1)
+        let deadline = ContinuousClock.now + .seconds(5)
+        while !writer.isDone, ContinuousClock.now < deadline { usleep(1000) }
+        #expect(writer.isDone)
+    }
+}
