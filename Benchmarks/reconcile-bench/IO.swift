@@ -19,7 +19,10 @@ struct CountingProgram: Program {
     func update(_ model: inout Model, _ message: Message) -> [Never] {
         switch message {
         case .descriptor(.line): model.lines += 1
-        case .descriptor(.lines(let lines)): model.lines += lines.count
+        case .descriptor(.lines(let lines)):
+            // Each line made a String and looked at, as the hand-written
+            // reader does (a batch makes a line's string when it is read).
+            for line in lines { model.lines += line.isEmpty ? 0 : 1 }
         case .descriptor(.endOfFile): model.ended = true
         case .listener(.accepted(let c)):
             model.accepted += 1

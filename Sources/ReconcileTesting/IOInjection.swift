@@ -36,7 +36,7 @@ extension VirtualDriver {
     @discardableResult
     public func lines(_ lines: [String], batched: Bool = false, endOfFile: Bool = false, to id: TypedSubscriptionID<DescriptorSource>,
                       sourceLocation: SourceLocation = #_sourceLocation) -> Bool {
-        var events = batched ? (lines.isEmpty ? [] : [DescriptorSource.Event.lines(lines)]) : lines.map { DescriptorSource.Event.line($0) }
+        var events = batched ? (lines.isEmpty ? [] : [DescriptorSource.Event.lines(LineBatch(lines))]) : lines.map { DescriptorSource.Event.line($0) }
         if endOfFile { events.append(.endOfFile) }
         return events.allSatisfy { emit($0, to: id, sourceLocation: sourceLocation) }
     }
@@ -90,7 +90,7 @@ extension ProgramTester {
     @discardableResult
     public mutating func lines(_ lines: [String], batched: Bool = false, endOfFile: Bool = false, from id: TypedSubscriptionID<DescriptorSource>,
                                sourceLocation: SourceLocation = #_sourceLocation) -> [P.Command]? {
-        var events = batched ? (lines.isEmpty ? [] : [DescriptorSource.Event.lines(lines)]) : lines.map { DescriptorSource.Event.line($0) }
+        var events = batched ? (lines.isEmpty ? [] : [DescriptorSource.Event.lines(LineBatch(lines))]) : lines.map { DescriptorSource.Event.line($0) }
         if endOfFile { events.append(.endOfFile) }
         var commands: [P.Command] = []
         for e in events {

@@ -1,7 +1,9 @@
 import CSystemd
+import Foundation
 import Glibc
 import Reconcile
 @testable import ReconcileSystemd
+import TestSupport
 import Testing
 
 /// Collects the lines of one descriptor; the line "stop" asks for the
@@ -57,11 +59,11 @@ private func writeAll(_ fd: Int32, _ bytes: [UInt8], chunk: Int) {
     }
 }
 
-/// Keeps every other batch it is given, the array itself (not a copy of
-/// its elements), in its model; copies the lines of all of them.
+/// Keeps every other batch it is given, the batch itself (not a copy of
+/// its lines), in its model; copies the lines of all of them.
 struct KeepingBatchProgram: Program {
     struct Model: Equatable {
-        var kept: [[String]] = []
+        var kept: [LineBatch] = []
         var all: [String] = []
         var sizes: [Int] = []
         var tooLong = 0
@@ -113,13 +115,13 @@ extension SystemdTests.Descriptors {
         #expect(!m.sizes.contains(0))
         // Each kept batch is what its event carried: batches 0, 2, 4, ...
         var start = 0
-        var expected: [[String]] = []
+        var expected: [LineBatch] = []
         for (i, n) in m.sizes.enumerated() {
-            if i % 2 == 0 { expected.append(Array(m.all[start..<start + n])) }
+            if i % 2 == 0 { expected.append(LineBatch(m.all[start..<start + n])) }
             start += n
         }
         #expect(m.kept == expected)
-        #expect(m.kept.allSatisfy { $0.capacity <= max(8 * $0.count, 16) })
+        #expect(m.kept.allSatisfy { $0.capacity.lines <= max(8 * $0.count, 16) && $0.capacity.bytes <= max(8 * $0.storedBytes, 32) })
         // The batches between the kept ones were emptied in place.
         #expect(h.driver.io.lineBatchesEmptiedInPlace > emptiedBefore)
     }
@@ -167,6 +169,30 @@ extension SystemdTests.Descriptors {
         #expect(m.batches.reduce(0, +) == 1501)
         #expect(m.batches.count >= 2)
         #expect(m.batches.count <= 40)
+    }
+
+    /// The same bytes read per line and batched give the same strings: a
+    /// `\r` before a newline dropped, invalid UTF-8 repaired, empty lines
+    /// kept, a line longer than a dispatch's read (64 KiB) and a partial
+    /// last line whole.
+    @Test func batchedAndPerLineReadsMakeTheSameStringsOfTheSameBytes() throws {
+        var bytes: [UInt8] = Array("plain\r\n\ncr\rinside\n".utf8) + [0x66, 0xFF, 0xC3, 10] + Array("é\r\n".utf8)
+        bytes += Array(String(repeating: "s", count: 70_000).utf8) + [13, 10] + Array("last\r".utf8)
+        var seen: [[String]] = []
+        for batched in [false, true] {
+            var pair: [Int32] = [0, 0]
+            #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+            defer { close(pair[0]) }
+            let h = try Harness(BatchProgram(fd: pair[0], batched: batched, maxLineLength: 100_000))
+            writeAll(pair[1], bytes, chunk: 7_000)
+            close(pair[1])
+            try h.run(until: { h.runtime.model.ended })
+            #expect(h.runtime.model.batches.isEmpty != batched)
+            seen.append(h.runtime.model.lines)
+        }
+        let expected = ["plain", "", "cr\rinside", "f\u{FFFD}\u{FFFD}", "é", String(repeating: "s", count: 70_000), "last"]
+        #expect(seen[0] == expected)
+        #expect(seen[1] == expected)
     }
 
     @Test func aShutdownInTheMiddleOfABatchReportsTheRestAsDropped() throws {
@@ -392,5 +418,67 @@ extension SystemdTests.Descriptors {
         let deadline = ContinuousClock.now + .seconds(5)
         while !writer.isDone, ContinuousClock.now < deadline { usleep(1000) }
         #expect(writer.isDone)
+    }
+
+    /// Random bytes (lines of 0 to 300 bytes, some ended by `\r\n`, some
+    /// with invalid UTF-8, a limit of 200) written by python3 into a FIFO
+    /// in random pieces while the loop reads: per line and batched give
+    /// what a plain reference framing of the same bytes gives.
+    @Test func randomLinesInRandomPiecesFrameAsAReferenceFramingDoesPerLineAndBatched() throws {
+        let dir = try makeTemporaryDirectory()
+        defer { removeTree(dir) }
+        var random = SplitMix64(seed: 24)
+        var bytes: [UInt8] = []
+        while bytes.count < 400_000 {
+            let length = Int(random.next() % 301)
+            for _ in 0..<length {
+                let r = random.next() % 100
+                bytes.append(r < 2 ? 0xFF : r < 4 ? 13 : UInt8(97 + r % 26))
+            }
+            if random.next() % 5 == 0 { bytes.append(13) }
+            bytes.append(10)
+        }
+        bytes += Array("tail without a newline\r".utf8)
+        // The reference: split at newlines, a `\r` before the end dropped,
+        // longer than 200 (before that) reported and skipped.
+        var expected: [String] = [], tooLongAt: [Int] = []
+        var rest = bytes[...]
+        while !rest.isEmpty {
+            let end = rest.firstIndex(of: 10) ?? rest.endIndex
+            var line = rest[rest.startIndex..<end]
+            rest = end == rest.endIndex ? rest[end...] : rest[(end + 1)...]
+            if line.count > 200 { tooLongAt.append(expected.count); continue }
+            if line.last == 13 { line = line.dropLast() }
+            expected.append(String(decoding: line, as: UTF8.self))
+        }
+        let input = dir + "/input"
+        #expect(FileManager.default.createFile(atPath: input, contents: Data(bytes)))
+        try writeFile(dir + "/writer.py", """
+            import random, sys
+            random.seed(int(sys.argv[3]))
+            data = open(sys.argv[1], 'rb').read()
+            out = open(sys.argv[2], 'wb', buffering=0)
+            i = 0
+            while i < len(data):
+                n = random.choice([1, 2, 7, 100, 4095, 4096, 4097, 65535, 65536, 70000])
+                out.write(data[i:i + n])
+                i += n
+            out.close()
+            """)
+        for batched in [false, true] {
+            let path = dir + "/fifo-\(batched)"
+            #expect(mkfifo(path, 0o600) == 0)
+            let reader = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
+            defer { close(reader) }
+            let h = try Harness(BatchProgram(fd: reader, batched: batched, maxLineLength: 200))
+            let writer = try Spawned("/usr/bin/python3 \(dir)/writer.py \(input) \(path) \(batched ? 1 : 2)")
+            try h.run(until: { h.runtime.model.ended }, timeout: .seconds(30))
+            #expect(h.runtime.model.lines == expected, "batched: \(batched)")
+            #expect(h.runtime.model.tooLongAt == tooLongAt, "batched: \(batched)")
+            #expect(h.runtime.model.batches.isEmpty != batched)
+            let deadline = ContinuousClock.now + .seconds(5)
+            while !writer.isDone, ContinuousClock.now < deadline { usleep(1000) }
+            #expect(writer.isDone)
+        }
     }
 }

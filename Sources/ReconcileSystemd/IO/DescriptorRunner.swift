@@ -199,8 +199,29 @@ final class DescriptorRunner: RunningSource {
                     var position = 0
                     while let item = lines.next(got, from: &position) { events.append(item.event(limit: limit)) }
                 case .lineBatches(let limit):
+                    // The read copied into the batch once, a line that lies
+                    // whole in it kept as its place there (a line begun in
+                    // an earlier read is copied on its own); no string made
+                    // until the program reads it.
+                    var copied: Int? = batch.appendRead(got)
+                    let first = got.baseAddress!
                     var position = 0
-                    while let item = lines.next(got, from: &position) { Self.collect(item, limit: limit, into: &batch, &events) }
+                    while true {
+                        if let copied, lines.isClear {
+                            lines.wholeLines(got, from: &position) { batch.appendLine(from: copied + $0, count: $1) }
+                        }
+                        // A line begun before, one too long, the last part.
+                        guard let item = lines.next(got, from: &position, { line in
+                            if let copied, let start = line.baseAddress, start >= first, start + line.count <= first + n {
+                                batch.appendLine(from: copied + first.distance(to: start), count: line.count)
+                            } else {
+                                batch.append(utf8: line)
+                            }
+                        }) else { break }
+                        // A too-long line closes the batch, the copy with it.
+                        if case .tooLong = item, !batch.isEmpty { copied = nil }
+                        Self.collect(item, limit: limit, into: &batch, &events)
+                    }
                 case .bytes, .datagrams:
                     events.append(.bytes(Array(got)))
                 }
@@ -221,7 +242,7 @@ final class DescriptorRunner: RunningSource {
         if ended {
             switch configuration.framing {
             case .lines(let limit): if let last = lines.finish() { events.append(last.event(limit: limit)) }
-            case .lineBatches(let limit): if let last = lines.finish() { Self.collect(last, limit: limit, into: &batch, &events) }
+            case .lineBatches(let limit): if let last = lines.finish({ batch.append(utf8: $0) }) { Self.collect(last, limit: limit, into: &batch, &events) }
             case .bytes, .datagrams: break
             }
         }
@@ -231,9 +252,9 @@ final class DescriptorRunner: RunningSource {
         // The buffer is not used past here: the program may start a reader
         // that reads into it before this returns.
         deliver(consume events)
-        // Delivered: the batch's strings freed here (when nothing kept
-        // them), its storage kept (moved: a copy left here would make the
-        // array shared, and emptying it would allocate a new one).
+        // Delivered: the batch's storage kept for the next when nothing
+        // else holds it (moved: a copy left here would make it shared, and
+        // emptying it would allocate new storage).
         state.returnLineBatch(consume batch)
         if failure != 0 {
             ticket?.fail(SourceFailure(operation: "read(\(fd))", code: failure, reason: errorText(failure)))
@@ -454,12 +475,12 @@ final class DescriptorRunner: RunningSource {
 }
 
 extension DescriptorRunner {
-    /// `lineBatches`: a line joins `batch`; a too-long line closes the
-    /// batch (into `events`) and follows it.
+    /// `lineBatches`: a line has joined `batch` as it was framed; a
+    /// too-long line closes the batch (into `events`) and follows it.
     @inline(__always)
-    static func collect(_ item: consuming LineBuffer.Item, limit: Int, into batch: inout [String], _ events: inout [DescriptorSource.Event]) {
-        switch consume item {
-        case .line(let s): batch.append(s)
+    static func collect(_ item: LineBuffer.Item<Void>, limit: Int, into batch: inout LineBatch, _ events: inout [DescriptorSource.Event]) {
+        switch item {
+        case .line: break
         case .tooLong:
             if !batch.isEmpty {
                 events.append(lines(of: &batch))
@@ -470,21 +491,21 @@ extension DescriptorRunner {
     }
 
     /// The `.lines` event of `batch` (not empty). A batch that fills less
-    /// than an eighth of its array's room (the loop's spare keeps the room
-    /// of its largest batch) goes as a copy of its own size, and `batch`
-    /// is emptied in place: a program that keeps the lines does not keep
-    /// the room. A fuller one goes as it is, `batch` still holding it.
-    static func lines(of batch: inout [String]) -> DescriptorSource.Event {
-        guard batch.count &* 8 < batch.capacity else { return .lines(batch) }
-        var copy: [String] = []
-        copy.reserveCapacity(batch.count)
-        copy.append(contentsOf: batch)
+    /// than an eighth of its room (the loop's spare keeps the room of its
+    /// largest batch), in lines or in bytes, goes as a copy of its own
+    /// size, and `batch` is emptied in place: a program that keeps the
+    /// lines does not keep the room. A fuller one goes as it is, `batch`
+    /// still holding it.
+    static func lines(of batch: inout LineBatch) -> DescriptorSource.Event {
+        let room = batch.capacity
+        guard batch.count &* 8 < room.lines || batch.storedBytes &* 8 < room.bytes else { return .lines(batch) }
+        let copy = batch.copiedToSize()
         batch.removeAll(keepingCapacity: true)
         return .lines(copy)
     }
 }
 
-extension LineBuffer.Item {
+extension LineBuffer.Item where Line == String {
     /// The descriptor event of this item (`limit`: the configured maximum).
     @inline(__always)
     consuming func event(limit: Int) -> DescriptorSource.Event {

@@ -61,41 +61,44 @@ final class IOState {
         return buffer
     }
 
-    /// The array a batched dispatch gathers its lines in (`lines(fd,
+    /// The batch a batched dispatch gathers its lines in (`lines(fd,
     /// batched: true)`), kept between dispatches: one per loop. Once
-    /// `update` has seen a batch, its strings are freed in place and the
-    /// array's storage is used again, so a batch neither grows an array
-    /// from nothing nor asks malloc for a large block, which made glibc
-    /// consolidate the previous batch's freed strings and carve every new
-    /// one out of the merged chunks (about 170 instructions a line).
-    private var spareLines: [String] = []
+    /// `update` has seen a batch, it is emptied in place and its storage
+    /// is used again, so a batch neither grows its arrays from nothing nor
+    /// asks malloc for a large block each dispatch (a large block given
+    /// back next to the heap's top makes glibc consolidate its free chunks,
+    /// and every allocation after it takes the slow path).
+    private var spareLines = LineBatch()
 
-    /// Batches whose array was emptied in place for the next (tests).
+    /// Batches emptied in place for the next (tests).
     private(set) var lineBatchesEmptiedInPlace = 0
 
-    /// The spare batch array (empty), taken: a nested dispatch, were there
-    /// one, gets an empty one of its own.
-    func takeLineBatch() -> [String] {
-        var batch: [String] = []
+    /// The spare batch (empty), taken: a nested dispatch, were there one,
+    /// gets an empty one of its own.
+    func takeLineBatch() -> LineBatch {
+        var batch = LineBatch()
         swap(&batch, &spareLines)
         return batch
     }
 
-    /// `batch`, delivered, back as the spare: emptied, its capacity kept
-    /// up to `spareLineCapacity` lines (one 64 KiB dispatch of 64-byte
-    /// lines is about 1,000). When something still holds the array (a
-    /// program kept it, a shutdown reported it dropped, the inbox holds
-    /// it), emptying it makes a new one of that capacity instead.
-    func returnLineBatch(_ batch: consuming [String]) {
-        guard batch.capacity > 0, batch.capacity <= Self.spareLineCapacity else { return }
-        let storage = batch.withUnsafeBufferPointer { $0.baseAddress }
-        batch.removeAll(keepingCapacity: true)
-        if batch.withUnsafeBufferPointer({ $0.baseAddress }) == storage { lineBatchesEmptiedInPlace += 1 }
+    /// `batch`, delivered, back as the spare: emptied, its room kept up to
+    /// `spareLineCapacity` lines and `spareByteCapacity` bytes (one 64 KiB
+    /// dispatch of 64-byte lines is about 1,000 lines). When something
+    /// still holds its storage (a program kept it, a shutdown reported it
+    /// dropped, the inbox holds it), the spare gets a copy of the room.
+    func returnLineBatch(_ batch: consuming LineBatch) {
+        let room = batch.capacity
+        guard room.bytes > 0, room.lines <= Self.spareLineCapacity, room.bytes <= Self.spareByteCapacity else { return }
+        if batch.emptyForReuse() { lineBatchesEmptiedInPlace += 1 }
         spareLines = batch
     }
 
-    /// The most lines a spare batch array keeps room for: 8,192 (128 KiB).
+    /// The most lines a spare batch keeps room for: 8,192 (64 KiB of ends).
     static let spareLineCapacity = 8192
+    /// The most bytes a spare batch keeps room for: 256 KiB (a dispatch
+    /// reads at most `DescriptorRunner.readBudget`, 64 KiB; a line longer
+    /// than a read joins its batch whole).
+    static let spareByteCapacity = 256 << 10
 
     /// Descriptors open for reading now (`DescriptorRunner`).
     private(set) var readers = 0

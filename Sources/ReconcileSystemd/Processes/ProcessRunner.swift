@@ -172,7 +172,7 @@ final class ProcessRunner: RunningSource {
     /// What `pipe` has now (a bounded amount unless `drain`), as events.
     private func read(_ pipe: Pipe, drain: Bool) -> [ProcessSource.Event] {
         guard pipe.fd >= 0 else { return [] }
-        var items: [LineBuffer.Item] = []
+        var items: [LineBuffer.Item<String>] = []
         var buffer = [UInt8](repeating: 0, count: 16 << 10)
         var budget = drain ? 4 << 20 : DescriptorRunner.readBudget
         var ended = false

@@ -102,8 +102,8 @@ public enum DescriptorSource: Source {
         case line(String)
         /// The lines of one dispatch, in order, without their ends
         /// (`Framing.lineBatches`; never empty). Each is what `.line` would
-        /// carry.
-        case lines([String])
+        /// carry, made a `String` when it is read (`LineBatch`).
+        case lines(LineBatch)
         /// A line grew past the limit: its bytes up to the next newline are
         /// skipped (`limit` is the configured maximum).
         case lineTooLong(limit: Int)
@@ -215,7 +215,7 @@ extension Subscription {
     ///   - maxLineLength: the longest line delivered; a longer one is an
     ///     `.lineTooLong` event and is skipped.
     ///   - owned: whether stopping the subscription closes `fd`.
-    ///   - batched: each dispatch's lines as one `.lines([String])` event
+    ///   - batched: each dispatch's lines as one `.lines(LineBatch)` event
     ///     instead of one `.line` each (`Framing.lineBatches`): one message
     ///     and one `update` per batch, for throughput.
     ///   - tag: makes a message of each event; it gets the event owned, so
@@ -249,7 +249,7 @@ extension Subscription {
     ///   - maxLineLength: the longest line delivered.
     ///   - writeQueueLimit: the bytes of writes that may wait for a slow
     ///     peer before the connection is closed with `.closed(.writeQueueFull)`.
-    ///   - batched: each dispatch's lines as one `.lines([String])` event
+    ///   - batched: each dispatch's lines as one `.lines(LineBatch)` event
     ///     (`Framing.lineBatches`).
     ///   - tag: makes a message of each event.
     public static func connection(_ connection: Connection, maxLineLength: Int = DescriptorSource.defaultMaxLineLength,

@@ -1,0 +1,44 @@
+import Reconcile
+import Testing
+
+@Suite struct LineBatchTests {
+    @Test func aBatchIsItsLinesInOrderAsStringsAndAsBytes() {
+        let batch: LineBatch = ["one", "", "three é"]
+        #expect(batch.count == 3)
+        #expect(Array(batch) == ["one", "", "three é"])
+        #expect(batch[2] == "three é")
+        #expect(Array(batch.utf8(at: 0)) == Array("one".utf8))
+        #expect(batch.utf8(at: 1).isEmpty)
+        #expect(batch.description == #"["one", "", "three é"]"#)
+        #expect(LineBatch().isEmpty)
+        var grown = LineBatch(["a"])
+        grown.append("b")
+        #expect(grown == ["a", "b"])
+        #expect(grown != ["ab"])
+        #expect(grown != ["a"])
+    }
+
+    @Test func equalBatchesAreEqualByTheirTextAndHashAlike() {
+        let a = LineBatch(["x", "yz"])
+        let b: LineBatch = ["x", "yz"]
+        #expect(a == b)
+        #expect(a.hashValue == b.hashValue)
+        #expect(Set([a, b, ["xy", "z"]]).count == 2)
+        // Invalid UTF-8 reads as repaired, and a batch of it equals (and
+        // hashes as) one of the repaired text: the text is what counts.
+        var raw = LineBatch()
+        [UInt8]([0x61, 0xFF]).withUnsafeBytes { raw.append(utf8: $0) }
+        #expect(raw[0] == "a\u{FFFD}")
+        #expect(raw == ["a\u{FFFD}"])
+        #expect(raw.hashValue == LineBatch(["a\u{FFFD}"]).hashValue)
+        #expect(raw != ["a"])
+    }
+
+    @Test func aBatchKeptByTheProgramIsNotChangedByTheOneItWasCopiedFrom() {
+        var batch: LineBatch = ["kept"]
+        let kept = batch
+        batch.append("later")
+        #expect(kept == ["kept"])
+        #expect(batch == ["kept", "later"])
+    }
+}
