@@ -212,8 +212,8 @@ do {
     if selected.contains("lateness") { try latenessBenchmark(ticks: quick ? 100 : 500, interval: .milliseconds(10), into: &records) }
     if selected.contains("loop-noop") { loopNoopBenchmark(count: 10_000, budget: budget, into: &records) }
     if selected.contains("effects") { try effectsBenchmark(count: quick ? 10_000 : 50_000, rounds: quick ? 3 : 7, into: &records) }
-    if selected.contains("io") { try ioBenchmark(lines: quick ? 200_000 : 1_000_000, connections: quick ? 5_000 : 20_000, rounds: quick ? 3 : 5, into: &records) }
-    if selected.contains("io-lines") { try ioBenchmark(lines: quick ? 200_000 : 1_000_000, connections: 0, rounds: quick ? 3 : 5, linesOnly: true, into: &records) }
+    if selected.contains("io") { try ioBenchmark(lines: quick ? 200_000 : 1_000_000, connections: quick ? 5_000 : 20_000, rounds: 5, into: &records) }
+    if selected.contains("io-lines") { try ioBenchmark(lines: quick ? 200_000 : 1_000_000, connections: 0, rounds: 5, linesOnly: true, into: &records) }
     if selected.contains("bus") { try busBenchmark(count: quick ? 5_000 : 20_000, rounds: quick ? 3 : 7, into: &records) }
     if selected.contains("bus-serve") { try busServeBenchmark(count: quick ? 5_000 : 20_000, rounds: quick ? 3 : 7, into: &records) }
 } catch {

@@ -102,6 +102,7 @@ public struct LineBatch: RandomAccessCollection, Hashable, Sendable, Expressible
     /// A line of `count` bytes from `start` of what `appendRead` copied.
     @inlinable @inline(__always)
     package mutating func appendLine(from start: Int, count: Int) {
+        assert(start >= 0 && count >= 0 && start + count <= used, "LineBatch.appendLine: a line outside what was read in")
         spans.append(Span(start: start, end: start &+ count))
     }
 
