@@ -40,5 +40,33 @@ import Testing
         batch.append("later")
         #expect(kept == ["kept"])
         #expect(batch == ["kept", "later"])
+        // Emptied and written again from its start, as the loop's spare
+        // is: the kept copy still reads what it was given.
+        batch.removeAll(keepingCapacity: true)
+        batch.append("XXXX")
+        #expect(kept == ["kept"])
+        #expect(batch == ["XXXX"])
+        let held = batch
+        let alone = batch.emptyForReuse()
+        #expect(!alone)
+        batch.append("YYYY")
+        #expect(held == ["XXXX"])
+        #expect(batch == ["YYYY"])
+        let aloneNow = batch.emptyForReuse()
+        #expect(aloneNow)
+    }
+
+    /// A kept batch holds no more room than eight times its lines' own
+    /// bytes, whatever else its reads held (line ends, skipped lines).
+    @Test func aBatchCopiedToItsSizeKeepsOnlyItsLinesBytes() {
+        var batch = LineBatch()
+        let read = Array("a\n".utf8) + [UInt8](repeating: 122, count: 60_000) + [10]
+        let start = read.withUnsafeBytes { batch.appendRead($0) }
+        batch.appendLine(from: start, count: 1)
+        #expect(batch.byteCount == 1)
+        let copy = batch.copiedToSize()
+        #expect(copy == ["a"])
+        #expect(copy.capacity.bytes <= 32)
+        #expect(batch.capacity.bytes >= 60_000)
     }
 }

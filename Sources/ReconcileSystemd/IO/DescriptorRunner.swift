@@ -492,13 +492,14 @@ extension DescriptorRunner {
 
     /// The `.lines` event of `batch` (not empty). A batch that fills less
     /// than an eighth of its room (the loop's spare keeps the room of its
-    /// largest batch), in lines or in bytes, goes as a copy of its own
+    /// largest batch), in lines or in its lines' own bytes (line ends and
+    /// skipped lines are not counted), goes as a copy of its own
     /// size, and `batch` is emptied in place: a program that keeps the
     /// lines does not keep the room. A fuller one goes as it is, `batch`
     /// still holding it.
     static func lines(of batch: inout LineBatch) -> DescriptorSource.Event {
         let room = batch.capacity
-        guard batch.count &* 8 < room.lines || batch.storedBytes &* 8 < room.bytes else { return .lines(batch) }
+        guard batch.count &* 8 < room.lines || batch.byteCount &* 8 < room.bytes else { return .lines(batch) }
         let copy = batch.copiedToSize()
         batch.removeAll(keepingCapacity: true)
         return .lines(copy)

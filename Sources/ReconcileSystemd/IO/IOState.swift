@@ -93,7 +93,7 @@ final class IOState {
         spareLines = batch
     }
 
-    /// The most lines a spare batch keeps room for: 8,192 (64 KiB of ends).
+    /// The most lines a spare batch keeps room for: 8,192 (128 KiB of places).
     static let spareLineCapacity = 8192
     /// The most bytes a spare batch keeps room for: 256 KiB (a dispatch
     /// reads at most `DescriptorRunner.readBudget`, 64 KiB; a line longer

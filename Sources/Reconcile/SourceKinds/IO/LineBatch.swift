@@ -24,11 +24,15 @@ public struct LineBatch: RandomAccessCollection, Hashable, Sendable, Expressible
 
     /// The lines' bytes: the reads they were framed from (the driver
     /// copies a read once, its lines are spans of it) or each line's own,
-    /// in `bytes[..<used]`; the rest is room (zeros), so a copy in is one
-    /// `memcpy` (an array's `append(contentsOf:)` copies a byte at a time).
+    /// in `bytes[..<used]`; the rest is room (initialized, its contents
+    /// left over), so a copy in is one `memcpy` (an array's
+    /// `append(contentsOf:)` copies a byte at a time).
     @usableFromInline var bytes: [UInt8]
     /// How much of `bytes` is in use.
     @usableFromInline var used: Int
+    /// The lines' own bytes together (what `used` also counts of line
+    /// ends, skipped lines and a line's first part is not in it).
+    @usableFromInline var lineBytes: Int
     /// Each line's place in `bytes`, in order.
     @usableFromInline var spans: [Span]
 
@@ -36,6 +40,7 @@ public struct LineBatch: RandomAccessCollection, Hashable, Sendable, Expressible
     public init() {
         bytes = []
         used = 0
+        lineBytes = 0
         spans = []
     }
 
@@ -58,7 +63,9 @@ public struct LineBatch: RandomAccessCollection, Hashable, Sendable, Expressible
         return bytes.withUnsafeBufferPointer { String(decoding: UnsafeBufferPointer(rebasing: $0[span.start..<span.end]), as: UTF8.self) }
     }
 
-    /// Line `i`'s bytes, no string made (a view of the batch's storage).
+    /// Line `i`'s bytes, no string made: a view of the batch's storage
+    /// (its indices are the storage's, not from 0: use `first`, a loop or
+    /// `Array(_:)`; holding it holds the whole batch's storage).
     @inlinable
     public func utf8(at i: Int) -> ArraySlice<UInt8> {
         let span = spans[i]
@@ -75,6 +82,7 @@ public struct LineBatch: RandomAccessCollection, Hashable, Sendable, Expressible
     @inlinable
     package mutating func append(utf8: UnsafeRawBufferPointer) {
         let start = appendRead(utf8)
+        lineBytes &+= utf8.count
         spans.append(Span(start: start, end: used))
     }
 
@@ -103,6 +111,7 @@ public struct LineBatch: RandomAccessCollection, Hashable, Sendable, Expressible
     @inlinable @inline(__always)
     package mutating func appendLine(from start: Int, count: Int) {
         assert(start >= 0 && count >= 0 && start + count <= used, "LineBatch.appendLine: a line outside what was read in")
+        lineBytes &+= count
         spans.append(Span(start: start, end: start &+ count))
     }
 
@@ -111,6 +120,7 @@ public struct LineBatch: RandomAccessCollection, Hashable, Sendable, Expressible
     package mutating func removeAll(keepingCapacity: Bool) {
         if !keepingCapacity { bytes = [] }
         used = 0
+        lineBytes = 0
         spans.removeAll(keepingCapacity: keepingCapacity)
     }
 
@@ -118,8 +128,7 @@ public struct LineBatch: RandomAccessCollection, Hashable, Sendable, Expressible
     /// the lines' bytes, one after another.
     package func copiedToSize() -> LineBatch {
         var copy = LineBatch()
-        let size = spans.reduce(0) { $0 &+ ($1.end &- $1.start) }
-        copy.bytes = Array(repeating: 0, count: size)
+        copy.bytes = Array(repeating: 0, count: lineBytes)
         copy.spans.reserveCapacity(spans.count)
         bytes.withUnsafeBytes { all in
             for span in spans { copy.append(utf8: UnsafeRawBufferPointer(rebasing: all[span.start..<span.end])) }
@@ -127,9 +136,8 @@ public struct LineBatch: RandomAccessCollection, Hashable, Sendable, Expressible
         return copy
     }
 
-    /// The bytes stored (the reads copied in, lines' ends and skipped
-    /// bytes included).
-    package var storedBytes: Int { used }
+    /// The lines' own bytes together (a `copiedToSize` batch's room).
+    package var byteCount: Int { lineBytes }
 
     /// The lines and bytes there is room for without growing.
     package var capacity: (lines: Int, bytes: Int) { (spans.capacity, Swift.max(bytes.count, bytes.capacity)) }
