@@ -484,4 +484,59 @@ extension SystemdTests.Descriptors {
             #expect(writer.isDone)
         }
     }
+
+    /// Lines at the limit and one byte past it (a `\r` before the newline
+    /// counts toward it, as `lines` counts it), whole in one read and then
+    /// written a byte at a time by python3 (every line begun in an earlier
+    /// read), per line and batched: the same lines kept, the same refused.
+    @Test func linesAtTheLimitAndOnePastItAreKeptAndRefusedAlikeWholeOrAByteAtATime() throws {
+        let limit = 100
+        let lengths = [100, 101, 99, 0, 1, 100, 101]
+        var bytes: [UInt8] = []
+        var expected: [String] = [], tooLongAt: [Int] = []
+        for (i, n) in lengths.enumerated() {
+            for cr in [false, true] {
+                let text = String(repeating: Character(UnicodeScalar(UInt8(97 + i))), count: cr ? max(0, n - 1) : n)
+                bytes += Array(text.utf8) + (cr ? [13] : []) + [10]
+                let counted = text.utf8.count + (cr ? 1 : 0)
+                if counted > limit { tooLongAt.append(expected.count) } else { expected.append(text) }
+            }
+        }
+        let dir = try makeTemporaryDirectory()
+        defer { removeTree(dir) }
+        #expect(FileManager.default.createFile(atPath: dir + "/input", contents: Data(bytes)))
+        try writeFile(dir + "/writer.py", """
+            import sys
+            data = open(sys.argv[1], 'rb').read()
+            out = open(sys.argv[2], 'wb', buffering=0)
+            for i in range(len(data)):
+                out.write(data[i:i + 1])
+            out.close()
+            """)
+        for batched in [false, true] {
+            // Whole: written before the loop reads (one read).
+            var pair: [Int32] = [0, 0]
+            #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+            defer { close(pair[0]) }
+            let whole = try Harness(BatchProgram(fd: pair[0], batched: batched, maxLineLength: limit))
+            writeAll(pair[1], bytes, chunk: bytes.count)
+            close(pair[1])
+            try whole.run(until: { whole.runtime.model.ended })
+            #expect(whole.runtime.model.lines == expected, "whole, batched: \(batched)")
+            #expect(whole.runtime.model.tooLongAt == tooLongAt, "whole, batched: \(batched)")
+            // A byte at a time, while the loop reads.
+            let path = dir + "/fifo-\(batched)"
+            #expect(mkfifo(path, 0o600) == 0)
+            let reader = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
+            defer { close(reader) }
+            let slow = try Harness(BatchProgram(fd: reader, batched: batched, maxLineLength: limit))
+            let writer = try Spawned("/usr/bin/python3 \(dir)/writer.py \(dir)/input \(path)")
+            try slow.run(until: { slow.runtime.model.ended }, timeout: .seconds(30))
+            #expect(slow.runtime.model.lines == expected, "a byte at a time, batched: \(batched)")
+            #expect(slow.runtime.model.tooLongAt == tooLongAt, "a byte at a time, batched: \(batched)")
+            let deadline = ContinuousClock.now + .seconds(5)
+            while !writer.isDone, ContinuousClock.now < deadline { usleep(1000) }
+            #expect(writer.isDone)
+        }
+    }
 }
