@@ -450,6 +450,8 @@ struct FloodProgram: Program {
     enum Message { case listener(ListenerSource.Event), connection(UInt64, DescriptorSource.Event), tick(TimerSource.Event) }
     let listener: Int32
     let clock: Clock
+    /// The connections' lines batched (`connection(c, batched: true)`).
+    var batched = false
 
     func start() -> (Model, [Never]) { (Model(), []) }
 
@@ -457,6 +459,7 @@ struct FloodProgram: Program {
         switch message {
         case .listener(.accepted(let c)): model.connections.append(c)
         case .connection(_, .line): model.lines += 1
+        case .connection(_, .lines(let lines)): model.lines += lines.count
         case .tick(.tick(let t)): clock.ticks.append((t.sequence, .now))
         default: break
         }
@@ -467,18 +470,20 @@ struct FloodProgram: Program {
         Subscriptions {
             Subscription.listen(listener, name: "flood", owned: true) { .listener($0) }
             Subscription.every(.milliseconds(10), key: "timer") { .tick($0) }
-            model.connections.map { c in Subscription.connection(c) { .connection(c.id, $0) } }
+            model.connections.map { c in Subscription.connection(c, batched: batched) { .connection(c.id, $0) } }
         }
     }
 }
 
 extension SystemdTests.Sockets {
-    @Test func aTimerIsNotStarvedWhile100ConnectionsFlood() throws {
+    /// Per line and batched (`batched`).
+    @Test(arguments: [false, true])
+    func aTimerIsNotStarvedWhile100ConnectionsFlood(batched: Bool) throws {
         let dir = try makeTemporaryDirectory()
         defer { removeTree(dir) }
         let path = dir + "/flood.sock"
         let clock = FloodProgram.Clock()
-        let h = try Harness(FloodProgram(listener: try listeningUnixSocket(path), clock: clock))
+        let h = try Harness(FloodProgram(listener: try listeningUnixSocket(path), clock: clock, batched: batched))
         let clients = (0..<100).map { _ in connectUnix(path) }
         defer { for c in clients { close(c) } }
         try h.run(until: { h.runtime.model.connections.count == 100 })
@@ -503,7 +508,7 @@ extension SystemdTests.Sockets {
             let due = first.at + .milliseconds(10) * Int(a.sequence + 1 - first.sequence)
             worst = max(worst, b.at - due)
         }
-        print("flood: \(h.runtime.model.lines) lines from 100 connections in 1 s; \(ticks.count) ticks, worst lateness \(worst)")
+        print("flood (batched: \(batched)): \(h.runtime.model.lines) lines from 100 connections in 1 s; \(ticks.count) ticks, worst lateness \(worst)")
         #expect(h.runtime.model.lines > 10_000)
         // One dispatch's lines are one batch for update, a round over the
         // busy connections reconciles once, and the timers' sources run
@@ -515,5 +520,77 @@ extension SystemdTests.Sockets {
         // what that leaves room for (Docs/IO.md).
         #expect(ticks.count >= 75)
         #expect(worst < .milliseconds(40))
+    }
+}
+
+/// A listener whose connections are read batched, each connection's lines
+/// kept in order.
+struct BatchedConnectionsProgram: Program {
+    struct Model { var open: [Connection] = []; var lines: [UInt64: [String]] = [:]; var ended = 0 }
+    enum Message { case listener(ListenerSource.Event), connection(UInt64, DescriptorSource.Event) }
+    let listener: Int32
+
+    func start() -> (Model, [Never]) { (Model(), []) }
+
+    func update(_ model: inout Model, _ message: Message) -> [Never] {
+        switch message {
+        case .listener(.accepted(let c)): model.open.append(c)
+        case .connection(let id, .lines(let lines)): model.lines[id, default: []] += lines
+        case .connection(let id, .line(let line)): model.lines[id, default: []].append(line)
+        case .connection(let id, .endOfFile):
+            model.open.removeAll { $0.id == id }
+            model.ended += 1
+        default: break
+        }
+        return []
+    }
+
+    func subscriptions(_ model: Model) -> Subscriptions<Message> {
+        Subscriptions {
+            Subscription.listen(listener, name: "batched", owned: true) { .listener($0) }
+            model.open.map { c in Subscription.connection(c, maxLineLength: 300, batched: true) { .connection(c.id, $0) } }
+        }
+    }
+}
+
+extension SystemdTests.Sockets {
+    /// Eight python3 clients at once, each sending 5,000 numbered lines in
+    /// odd-sized pieces (`\r\n` ends on some) and shutting down mid-way
+    /// through its last line: every accepted connection's batches give its
+    /// own lines, whole and in order, the partial last one at its end.
+    @Test func batchedConnectionsFromPython3ClientsGetEachClientsLinesInOrder() throws {
+        let dir = try makeTemporaryDirectory()
+        defer { removeTree(dir) }
+        let path = dir + "/batched.sock"
+        let h = try Harness(BatchedConnectionsProgram(listener: try listeningUnixSocket(path)))
+        try writeFile(dir + "/client.py", """
+            import socket, sys
+            n = int(sys.argv[2])
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(sys.argv[1])
+            data = b''.join(b'client %d line %d %s%s' % (n, i, b'p' * (i % 97), b'\\r\\n' if i % 3 == 0 else b'\\n') for i in range(5000))
+            data += b'client %d partial' % n
+            i, step = 0, 1
+            while i < len(data):
+                s.sendall(data[i:i + step])
+                i += step
+                step = step * 7 % 9973 + 1
+            s.shutdown(socket.SHUT_WR)
+            s.recv(1)
+            """)
+        let clients = try (0..<8).map { try Spawned("/usr/bin/python3 \(dir)/client.py \(path) \($0)") }
+        try h.run(until: { h.runtime.model.ended == 8 }, timeout: .seconds(30))
+        let m = h.runtime.model
+        #expect(m.lines.count == 8)
+        for lines in m.lines.values {
+            let n = try #require(lines.first.flatMap { $0.split(separator: " ").dropFirst().first }.flatMap { Int($0) })
+            let expected = (0..<5000).map { "client \(n) line \($0) " + String(repeating: "p", count: $0 % 97) } + ["client \(n) partial"]
+            #expect(lines == expected)
+        }
+        h.runtime.shutdown()
+        let deadline = ContinuousClock.now + .seconds(5)
+        while !clients.allSatisfy(\.isDone), ContinuousClock.now < deadline { usleep(1000) }
+        let allDone = clients.allSatisfy(\.isDone)
+        #expect(allDone)
     }
 }

@@ -89,7 +89,7 @@ struct LineBuffer {
         while start < end, let found = memchr(base + start, 10, end - start) {
             let length = base.distance(to: UnsafeRawPointer(found)) - start
             guard length <= limit else { return }
-            line(start, length > 0 && base.load(fromByteOffset: start + length - 1, as: UInt8.self) == 13 ? length - 1 : length)
+            line(start, Self.trimmed(UnsafeRawBufferPointer(start: base + start, count: length)).count)
             start += length + 1
         }
     }
