@@ -131,6 +131,13 @@ final class FileWatchRunner: DriverRunner {
     /// released by `release()` (the driver, at detach, for its stopped
     /// runners) or deinit.
     private var flush: OpaquePointer?
+    /// When the flush was armed (loop time, µs), while it is: nil when it
+    /// is not. See `FlushGuard`.
+    private var flushArmedAt: UInt64?
+    /// Counts arms: the guard's note of an earlier one is stale.
+    private var flushArm: UInt64 = 0
+    /// The flush raised to the descriptors' priority (`passedOver`).
+    private var flushRaised = false
     /// Started and not stopped since.
     private var running = false
     /// Made at the first failure (most watches never fail); it follows the
@@ -197,7 +204,7 @@ final class FileWatchRunner: DriverRunner {
             flush = s
             EventSource.account(s!)
             // Run after this iteration's inotify events have been handed out.
-            sd_event_source_set_priority(s, Int64(SD_EVENT_PRIORITY_NORMAL) + 10)
+            sd_event_source_set_priority(s, Self.flushPriority)
             sd_event_source_set_enabled(s, Int32(SD_EVENT_OFF))
         }
         running = true
@@ -472,11 +479,50 @@ final class FileWatchRunner: DriverRunner {
         pending.record(event)
     }
 
+    /// Below the descriptors and inotify (normal): a burst of inotify
+    /// events, dispatched one by one, is one flush.
+    static let flushPriority = Int64(SD_EVENT_PRIORITY_NORMAL) + 10
+    /// How long an armed flush may be passed over before it is raised.
+    static let flushStarvationBound: UInt64 = 1_000   // µs
+
     private func scheduleFlush() {
-        if running, let h = flush { sd_event_source_set_enabled(h, Int32(SD_EVENT_ONESHOT)) }
+        guard running, let h = flush else { return }
+        if flushArmedAt == nil {
+            flushArmedAt = loop.now()
+            flushArm &+= 1
+            directories.flushGuard.note(self, arm: flushArm)
+        }
+        sd_event_source_set_enabled(h, Int32(SD_EVENT_ONESHOT))
+    }
+
+    /// The guard's check of arm `arm` at loop time `now`: nil when that
+    /// arm is over (flushed, stopped); true when it waited longer than
+    /// `flushStarvationBound` and the flush was raised to the normal
+    /// priority, where it runs next (sd-event orders one priority's
+    /// sources by how long they are pending, and a defer source is
+    /// pending since it was made); false when it is younger.
+    func passedOver(arm: UInt64, now: UInt64) -> Bool? {
+        guard arm == flushArm, let at = flushArmedAt, let h = flush else { return nil }
+        guard now &- at >= Self.flushStarvationBound else { return false }
+        if !flushRaised {
+            sd_event_source_set_priority(h, Int64(SD_EVENT_PRIORITY_NORMAL))
+            flushRaised = true
+        }
+        return true
+    }
+
+    /// The flush disarmed (it ran, or the watch stopped): its own priority
+    /// again (the guard's note goes stale).
+    private func disarmFlush() {
+        flushArmedAt = nil
+        if flushRaised, let h = flush {
+            flushRaised = false
+            sd_event_source_set_priority(h, Self.flushPriority)
+        }
     }
 
     private func flushPending() {
+        disarmFlush()
         if needsRearm { rearm() }
         let events = pending.take()
         let failed = failureToReport
@@ -509,6 +555,7 @@ final class FileWatchRunner: DriverRunner {
         retry?.close()
         if running {
             running = false
+            disarmFlush()
             if let h = flush { sd_event_source_set_enabled(h, Int32(SD_EVENT_OFF)) }
         }
         ticket = nil
@@ -604,7 +651,13 @@ final class DirectoryWatches {
         if recent[i] === e { recent[i] = nil }
     }
 
-    init(loop: EventLoop) { self.loop = loop }
+    /// The loop's check on the watches' armed flushes (the driver's).
+    let flushGuard: FlushGuard
+
+    init(loop: EventLoop, flushGuard: FlushGuard = FlushGuard()) {
+        self.loop = loop
+        self.flushGuard = flushGuard
+    }
 
     /// How many directories are watched (tests).
     var count: Int { entries.count }
@@ -668,5 +721,70 @@ final class DirectoryWatches {
         e.source?.close()
         e.source = nil
         forget(e)
+    }
+}
+
+/// Keeps the file watches' flushes from being passed over for long.
+///
+/// A watch's flush runs below the descriptors' priority (one flush for a
+/// burst of inotify events); while a flood keeps some descriptor ready at
+/// every poll (sd-event polls before each dispatch once something is
+/// pending, and dispatches the higher priority first) it would not run
+/// until the flood ends. Each arm is noted here, oldest first; before each
+/// loop iteration while any is noted (a prepare callback the driver sets
+/// through `hook`) the oldest are asked whether they waited longer than
+/// `FileWatchRunner.flushStarvationBound`, and those that did are raised.
+/// One check per iteration however many watches are armed, each note
+/// looked at until it is over or raised.
+final class FlushGuard {
+    /// Turns the per-iteration check on (true) or off; nil while no loop
+    /// is attached (nothing is noted then).
+    var hook: ((Bool) -> Void)? {
+        didSet { if hook == nil { clear() } }
+    }
+    /// The notes, oldest first, from `head` on (the runners held until
+    /// their note is looked at: a stopped runner's is over).
+    private var notes: ContiguousArray<(runner: FileWatchRunner, arm: UInt64)> = []
+    private var head = 0
+    private var hooked = false
+
+    /// Notes `runner`'s arm `arm` (just armed).
+    func note(_ runner: FileWatchRunner, arm: UInt64) {
+        guard let hook else { return }
+        notes.append((runner, arm))
+        if !hooked {
+            hooked = true
+            hook(true)
+        }
+    }
+
+    /// The check, at loop time `now`: the notes over or raised are dropped
+    /// from the front, up to the first that is still young.
+    func check(now: UInt64) {
+        while head < notes.count {
+            let n = notes[head]
+            if n.runner.passedOver(arm: n.arm, now: now) == false { break }
+            head += 1
+        }
+        if head == notes.count {
+            notes.removeAll(keepingCapacity: notes.capacity <= 1024)
+            head = 0
+            if hooked {
+                hooked = false
+                hook?(false)
+            }
+        } else if head >= 1024, head * 2 >= notes.count {
+            notes.removeFirst(head)
+            head = 0
+        }
+    }
+
+    /// How many notes are held (tests).
+    var count: Int { notes.count - head }
+
+    private func clear() {
+        notes = []
+        head = 0
+        hooked = false
     }
 }

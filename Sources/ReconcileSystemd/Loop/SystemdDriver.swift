@@ -46,7 +46,10 @@ public final class SystemdDriver: Driver {
     /// The timers' queues: one sd-event source per clock and accuracy (see `TimerQueues`).
     let timerQueues: TimerQueues
     /// The file watches' shared directory watches (see `DirectoryWatches`).
-    lazy var directoryWatches = DirectoryWatches(loop: loop)
+    lazy var directoryWatches = DirectoryWatches(loop: loop, flushGuard: flushGuard)
+    /// The file watches' flushes' check (`FlushGuard`), run from the wake
+    /// source's prepare callback while a flush waits.
+    let flushGuard = FlushGuard()
     /// The descriptor, listener and process sources' shared state
     /// (IO/IOState.swift), made by the first of them.
     var ioState: IOState?
@@ -85,6 +88,17 @@ public final class SystemdDriver: Driver {
             throw SystemdError("sd_event_add_io", errno: -r)
         }
         wakeSource = EventSource(s!)
+        // The wake source is always on and rarely ready: its prepare
+        // callback (sd-event calls it before each iteration) checks the
+        // file watches' waiting flushes, set only while one waits.
+        flushGuard.hook = { [unowned self] on in
+            guard let h = self.wakeSource?.handle else { return }
+            sd_event_source_set_prepare(h, on ? { _, ud in
+                let driver = Unmanaged<SystemdDriver>.fromOpaque(ud!).takeUnretainedValue()
+                driver.flushGuard.check(now: driver.loop.now())
+                return 0
+            } : nil)
+        }
         let channel = WakeChannel(fd: efd)
         wakeChannel = channel
         return Waker { channel.wake() }
@@ -242,6 +256,7 @@ public final class SystemdDriver: Driver {
         spareTimers.removeAll()
         timerQueues.release()
         buses.close()
+        flushGuard.hook = nil
         wakeSource?.close()
         wakeSource = nil
         inotifyKeeper?.close()
