@@ -1,7 +1,7 @@
 import CSystemd
 import Foundation
 import Reconcile
-import ReconcileSystemd
+@testable import ReconcileSystemd
 import Testing
 
 /// A timer and a file watch; counts what reaches `update`.
@@ -17,6 +17,19 @@ struct TimerAndWatch: Program {
             Subscription.every(.milliseconds(10), key: "t", leeway: .microseconds(1)) { _ in 1 }
             Subscription.watch(path) { _ in 2 }
         }
+    }
+}
+
+/// Watches `path`, reporting that it exists; counts the events.
+struct ExistingWatch: Program {
+    let path: String
+    func start() -> (Int, [Never]) { (0, []) }
+    func update(_ model: inout Int, _ message: FileWatchSource.Event) -> [Never] {
+        model += 1
+        return []
+    }
+    func subscriptions(_ model: Int) -> Subscriptions<FileWatchSource.Event> {
+        Subscriptions { Subscription.watch(path, reportExisting: true) { $0 } }
     }
 }
 
@@ -126,6 +139,36 @@ extension SystemdTests {
             #expect(driver.runningCount == 0)
             // A change to the watched path wakes nothing.
             try writeFile(dir + "/f", "x")
+            #expect(try loop.runOnce(timeout: .milliseconds(100)) == false)
+            driver.detach()
+            #expect(EventSourceAccounting.live == before)
+        }
+
+        /// The same while the watch's flush is armed (its start reported
+        /// that the file exists, and no loop iteration ran yet): the flushes'
+        /// guard holds its note weakly, so the runner still goes with its
+        /// ticket and stops, and the loop runs no flush into the freed
+        /// ticket (under AddressSanitizer, `make sanitize`, a use after free).
+        @Test func aWatchWhoseTicketGoesAwayWithItsFlushArmedIsStopped() throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            try writeFile(dir + "/f", "x")
+            let before = EventSourceAccounting.live
+            let loop = try EventLoop()
+            let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
+            do {
+                let runtime = Runtime(ExistingWatch(path: dir + "/f"), driver: driver)
+                try runtime.start()
+                #expect(driver.runningCount == 1)
+                #expect(driver.flushGuard.count == 1)
+                #expect(runtime.model == 0)
+            }
+            #expect(driver.runningCount == 0)
+            // The note is over: the next iteration's check lets it go, and
+            // nothing is dispatched (no flush, no event).
+            #expect(try loop.runOnce(timeout: .milliseconds(100)) == false)
+            #expect(driver.flushGuard.count == 0)
+            try writeFile(dir + "/f", "y")
             #expect(try loop.runOnce(timeout: .milliseconds(100)) == false)
             driver.detach()
             #expect(EventSourceAccounting.live == before)

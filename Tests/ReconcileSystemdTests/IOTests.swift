@@ -489,13 +489,21 @@ extension SystemdTests.Sockets {
         try h.run(until: { h.runtime.model.connections.count == 100 })
         final class Stop: Sendable { let value = Mutex(false) }
         let stop = Stop()
+        // The flooder ends before the clients' descriptors are closed (their
+        // numbers may be another test's then).
+        let ended = DispatchSemaphore(value: 0)
         let flooder = Thread {
             let block = [UInt8]((0..<64).flatMap { _ in Array(String(repeating: "z", count: 63).utf8) + [10] })
             while !stop.value.withLock({ $0 }) {
                 for c in clients { _ = block.withUnsafeBytes { send(c, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) } }
             }
+            ended.signal()
         }
         flooder.start()
+        defer {
+            stop.value.withLock { $0 = true }
+            ended.wait()
+        }
         let before = clock.ticks.count
         try h.run(for: .seconds(1))
         stop.value.withLock { $0 = true }
@@ -643,6 +651,9 @@ extension SystemdTests.Sockets {
         try h.run(until: { h.runtime.model.connections.count == 100 })
         final class Shared: Sendable { let stop = Mutex(false); let wrote = Mutex<ContinuousClock.Instant?>(nil) }
         let shared = Shared()
+        // The flooder ends before the clients' descriptors are closed and
+        // the directory removed.
+        let ended = DispatchSemaphore(value: 0)
         let flooder = Thread {
             let block = [UInt8]((0..<64).flatMap { _ in Array(String(repeating: "z", count: 63).utf8) + [10] })
             let began = ContinuousClock.now
@@ -654,8 +665,13 @@ extension SystemdTests.Sockets {
                     shared.wrote.withLock { $0 = .now }
                 }
             }
+            ended.signal()
         }
         flooder.start()
+        defer {
+            shared.stop.withLock { $0 = true }
+            ended.wait()
+        }
         try h.run(for: .seconds(1))
         let linesAtEnd = h.runtime.model.lines
         shared.stop.withLock { $0 = true }
@@ -691,9 +707,9 @@ struct ManyWatchesProgram: Program {
 
 extension SystemdTests.Sockets {
     /// 300 watches armed at once (each start reports the file exists):
-    /// the flushes' guard holds a note of each, checked from one callback
-    /// per loop iteration (not one per watch), and holds none once every
-    /// flush ran: nothing of it is left to look at between floods.
+    /// the flushes' guard holds a note of each, and none once every flush
+    /// ran (nothing left to look at between floods); the same for one
+    /// change, whose flush runs before its note is first looked at.
     @Test func flushesArmedAtOnceAreNotedThenLetGo() throws {
         let dir = try makeTemporaryDirectory()
         defer { removeTree(dir) }

@@ -732,8 +732,9 @@ final class DirectoryWatches {
 /// pending, and dispatches the higher priority first) it would not run
 /// until the flood ends. Each arm is noted here, oldest first; before each
 /// loop iteration while any is noted (a prepare callback the driver sets
-/// through `hook`) the oldest are asked whether they waited longer than
-/// `FileWatchRunner.flushStarvationBound`, and those that did are raised.
+/// through `hook`) the oldest are asked whether they waited at least
+/// `FileWatchRunner.flushStarvationBound` (by the loop's time of its last
+/// wakeup), and those that did are raised.
 /// One check per iteration however many watches are armed, each note
 /// looked at until it is over or raised.
 final class FlushGuard {
@@ -742,16 +743,25 @@ final class FlushGuard {
     var hook: ((Bool) -> Void)? {
         didSet { if hook == nil { clear() } }
     }
-    /// The notes, oldest first, from `head` on (the runners held until
-    /// their note is looked at: a stopped runner's is over).
-    private var notes: ContiguousArray<(runner: FileWatchRunner, arm: UInt64)> = []
+    /// One arm of one runner.
+    private struct Note {
+        /// Weak: a note must not keep a runner alive, as a runner whose
+        /// ticket goes away without a stop stops in its deinit (a runtime
+        /// dropped without `shutdown()`); a runner gone is over.
+        weak var runner: FileWatchRunner?
+        let arm: UInt64
+    }
+    /// The notes, oldest first, from `head` on.
+    private var notes: ContiguousArray<Note> = []
     private var head = 0
     private var hooked = false
 
-    /// Notes `runner`'s arm `arm` (just armed).
+    /// Notes `runner`'s arm `arm` (just armed). Before a loop is attached
+    /// nothing is noted, and that arm is not checked (the runtime attaches
+    /// before it starts anything).
     func note(_ runner: FileWatchRunner, arm: UInt64) {
         guard let hook else { return }
-        notes.append((runner, arm))
+        notes.append(Note(runner: runner, arm: arm))
         if !hooked {
             hooked = true
             hook(true)
@@ -762,8 +772,7 @@ final class FlushGuard {
     /// from the front, up to the first that is still young.
     func check(now: UInt64) {
         while head < notes.count {
-            let n = notes[head]
-            if n.runner.passedOver(arm: n.arm, now: now) == false { break }
+            if let runner = notes[head].runner, runner.passedOver(arm: notes[head].arm, now: now) == false { break }
             head += 1
         }
         if head == notes.count {
