@@ -482,7 +482,7 @@ final class FileWatchRunner: DriverRunner {
     /// Below the descriptors and inotify (normal): a burst of inotify
     /// events, dispatched one by one, is one flush.
     static let flushPriority = Int64(SD_EVENT_PRIORITY_NORMAL) + 10
-    /// How long an armed flush may be passed over before it is raised.
+    /// How long (loop time) an armed flush may wait before it is raised.
     static let flushStarvationBound: UInt64 = 1_000   // µs
 
     private func scheduleFlush() {
@@ -496,7 +496,7 @@ final class FileWatchRunner: DriverRunner {
     }
 
     /// The guard's check of arm `arm` at loop time `now`: nil when that
-    /// arm is over (flushed, stopped); true when it waited longer than
+    /// arm is over (flushed, stopped); true when it waited at least
     /// `flushStarvationBound` and the flush was raised to the normal
     /// priority, where it runs next (sd-event orders one priority's
     /// sources by how long they are pending, and a defer source is

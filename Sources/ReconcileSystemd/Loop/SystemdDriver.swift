@@ -90,7 +90,9 @@ public final class SystemdDriver: Driver {
         wakeSource = EventSource(s!)
         // The wake source is always on and rarely ready: its prepare
         // callback (sd-event calls it before each iteration) checks the
-        // file watches' waiting flushes, set only while one waits.
+        // file watches' waiting flushes, set only while one waits (an
+        // earlier attach's notes, on its wake source, are let go first).
+        flushGuard.hook = nil
         flushGuard.hook = { [unowned self] on in
             guard let h = self.wakeSource?.handle else { return }
             sd_event_source_set_prepare(h, on ? { _, ud in
