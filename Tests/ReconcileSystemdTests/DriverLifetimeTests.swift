@@ -33,6 +33,25 @@ struct ExistingWatch: Program {
     }
 }
 
+/// A descriptor read as lines, a listener and a child process; the
+/// model is the child's pid once it started.
+struct TalkingSources: Program {
+    let descriptor: Int32
+    let listener: Int32
+    func start() -> (Int32, [Never]) { (0, []) }
+    func update(_ model: inout Int32, _ message: Int32) -> [Never] {
+        if message > 0 { model = message }
+        return []
+    }
+    func subscriptions(_ model: Int32) -> Subscriptions<Int32> {
+        Subscriptions {
+            Subscription.lines(descriptor, owned: true) { _ in 0 }
+            Subscription.listen(listener, name: "kept", owned: true) { _ in 0 }
+            Subscription.process(["/bin/sleep", "30"], key: "sleeper") { if case .started(let pid) = $0 { pid } else { 0 } }
+        }
+    }
+}
+
 extension SystemdTests {
     /// What a driver leaves on its loop when the runtime does not shut down.
     @Suite struct DriverLifetime {
@@ -170,6 +189,42 @@ extension SystemdTests {
             #expect(driver.flushGuard.count == 0)
             try writeFile(dir + "/f", "y")
             #expect(try loop.runOnce(timeout: .milliseconds(100)) == false)
+            driver.detach()
+            #expect(EventSourceAccounting.live == before)
+        }
+
+        /// The same for descriptors, listeners and processes (their runners
+        /// held their tickets strongly, a cycle through the ticket's driver
+        /// state: dropped without a shutdown, the runtime left a listener
+        /// accepting, a descriptor read and a child running while the driver
+        /// lived).
+        @Test func descriptorsListenersAndProcessesWhoseTicketsGoAwayAreStopped() throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            var pair: [Int32] = [0, 0]
+            #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
+            defer { close(pair[1]) }
+            let path = dir + "/kept.sock"
+            let before = EventSourceAccounting.live
+            let loop = try EventLoop()
+            let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
+            var pid: Int32 = 0
+            do {
+                let runtime = Runtime(TalkingSources(descriptor: pair[0], listener: try listeningUnixSocket(path)), driver: driver)
+                try runtime.start()
+                #expect(driver.runningCount == 3)
+                #expect(try loop.run(until: { runtime.model > 0 }, timeout: .seconds(5)))
+                pid = runtime.model
+            }
+            #expect(driver.runningCount == 0)
+            // The child was told to end (SIGTERM) and is reaped on the loop:
+            // then its pid names nothing (no zombie either).
+            #expect(try loop.run(until: { kill(pid, 0) != 0 }, timeout: .seconds(5)))
+            // The descriptor (owned) is closed: its peer reads the end (not
+            // EAGAIN: the peer does not block).
+            _ = fcntl(pair[1], F_SETFL, fcntl(pair[1], F_GETFL) | O_NONBLOCK)
+            var byte: UInt8 = 0
+            #expect(read(pair[1], &byte, 1) == 0)
             driver.detach()
             #expect(EventSourceAccounting.live == before)
         }

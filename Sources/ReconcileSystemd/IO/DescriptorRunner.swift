@@ -22,7 +22,12 @@ final class DescriptorRunner: RunningSource {
     /// Datagrams read per dispatch at most.
     static let datagramBudget = 64
 
-    private var ticket: SourceTicket?
+    /// Weak: the ticket's driver state holds this runner (through the
+    /// driver's `ForeignRunner`), and a runner whose ticket goes away
+    /// without a stop (a runtime dropped without `shutdown()`) stops in
+    /// that runner's deinit; held strongly it was a cycle, and the source
+    /// ran on while the driver lived. Cleared at stop.
+    private weak var ticket: SourceTicket?
     private let configuration: DescriptorSource.Configuration
     private let state: IOState
     private var source: OpaquePointer?

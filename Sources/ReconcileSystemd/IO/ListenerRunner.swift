@@ -19,7 +19,12 @@ final class ListenerRunner: RunningSource {
     /// Connections accepted per dispatch at most.
     static let acceptBudget = 64
 
-    private var ticket: SourceTicket?
+    /// Weak: the ticket's driver state holds this runner (through the
+    /// driver's `ForeignRunner`), and a runner whose ticket goes away
+    /// without a stop (a runtime dropped without `shutdown()`) stops in
+    /// that runner's deinit; held strongly it was a cycle, and the source
+    /// ran on while the driver lived. Cleared at stop.
+    private weak var ticket: SourceTicket?
     private var configuration: ListenerSource.Configuration
     private let state: IOState
     private var source: OpaquePointer?

@@ -67,7 +67,12 @@ func blockChildSignal() {
 /// A child on the loop: its two output pipes read as lines, its exit seen
 /// through a pidfd (`sd_event_add_child`), reaped by sd-event.
 final class ProcessRunner: RunningSource {
-    private var ticket: SourceTicket?
+    /// Weak: the ticket's driver state holds this runner (through the
+    /// driver's `ForeignRunner`), and a runner whose ticket goes away
+    /// without a stop (a runtime dropped without `shutdown()`) stops in
+    /// that runner's deinit; held strongly it was a cycle, and the source
+    /// ran on while the driver lived. Cleared at stop.
+    private weak var ticket: SourceTicket?
     private let configuration: ProcessSource.Configuration
     private let state: IOState
     private let loop: EventLoop
