@@ -81,6 +81,10 @@ final class TimerQueue {
     /// Set after a firing: the source's time has passed, so it is set
     /// again whatever the earliest due time is.
     @exclusivity(unchecked) private var fired = false
+    /// The source at the normal priority, not `timerPriority`: the last
+    /// dispatch ended at `dispatchLimit` with timers still due (see
+    /// `dispatch`).
+    @exclusivity(unchecked) private var behind = false
     /// Running timers on this queue, in the heap or not (a one-shot that
     /// fired stays a member until it stops).
     @exclusivity(unchecked) var members = 0
@@ -229,7 +233,9 @@ final class TimerQueue {
     /// pending longest; at equal priority a due timer waited behind every
     /// descriptor that was ready before it (100 flooding connections: 100
     /// dispatches). Its work stays bounded (at most `dispatchLimit` timers a
-    /// dispatch), so the descriptors wait at most that long in turn.
+    /// dispatch), and a queue still behind after a full dispatch drops to
+    /// the normal priority until it catches up (`dispatch`), so the
+    /// descriptors wait at most one dispatch in turn.
     static let timerPriority = Int64(SD_EVENT_PRIORITY_NORMAL) - 10
 
     /// Disables and drops the source; the next arming makes a new one.
@@ -237,6 +243,7 @@ final class TimerQueue {
         if let s = source {
             source = nil
             armed = usecInfinity
+            behind = false
             sd_event_source_disable_unref(s)
         }
     }
@@ -258,6 +265,17 @@ final class TimerQueue {
         }
         dispatching = false
         fired = true
+        // Still behind after a full dispatch (more timers due than the loop
+        // serves: thousands of short intervals): ahead of every other source
+        // the queue would be due again at each iteration and nothing else
+        // would run until it caught up, which an overload never does. At
+        // the normal priority it takes turns with the others, by how long
+        // each is pending; caught up, it is ahead again.
+        let stillDue = count > 0 && slots[0].due <= now
+        if stillDue != behind, let source {
+            behind = stillDue
+            sd_event_source_set_priority(source, stillDue ? Int64(SD_EVENT_PRIORITY_NORMAL) : Self.timerPriority)
+        }
         // A failure here means the loop finished: nothing fires again.
         try? arm()
     }
