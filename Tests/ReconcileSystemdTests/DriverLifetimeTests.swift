@@ -52,6 +52,22 @@ struct TalkingSources: Program {
     }
 }
 
+/// A child restarted when it ends; the model is its pid once it started.
+struct RestartingSleeper: Program {
+    func start() -> (Int32, [Never]) { (0, []) }
+    func update(_ model: inout Int32, _ message: Int32) -> [Never] {
+        if message > 0 { model = message }
+        return []
+    }
+    func subscriptions(_ model: Int32) -> Subscriptions<Int32> {
+        Subscriptions {
+            Subscription.process(["/bin/sleep", "30"], key: "sleeper", restart: .backoff(), restartOn: .always) {
+                if case .started(let pid) = $0 { pid } else { 0 }
+            }
+        }
+    }
+}
+
 extension SystemdTests {
     /// What a driver leaves on its loop when the runtime does not shut down.
     @Suite struct DriverLifetime {
@@ -227,6 +243,24 @@ extension SystemdTests {
             #expect(read(pair[1], &byte, 1) == 0)
             driver.detach()
             #expect(EventSourceAccounting.live == before)
+        }
+
+        /// The same for a source under a restart policy (its supervisor
+        /// and its attempt held the subscription's ticket strongly).
+        @Test func aRestartingSourceWhoseTicketGoesAwayIsStopped() throws {
+            let loop = try EventLoop()
+            let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
+            var pid: Int32 = 0
+            do {
+                let runtime = Runtime(RestartingSleeper(), driver: driver)
+                try runtime.start()
+                #expect(driver.runningCount == 2)    // the supervisor and its attempt
+                #expect(try loop.run(until: { runtime.model > 0 }, timeout: .seconds(5)))
+                pid = runtime.model
+            }
+            #expect(driver.runningCount == 0)
+            #expect(try loop.run(until: { kill(pid, 0) != 0 }, timeout: .seconds(5)))
+            driver.detach()
         }
 
         /// A stopped watch's runner is kept for the next watch with its

@@ -95,7 +95,12 @@ package protocol RestartTimer: AnyObject {
 /// the driver's timer. The driver holds it as the subscription's running
 /// source and calls `stop()` when the runtime stops the subscription.
 package final class RestartSupervisor {
-    private var outer: SourceTicket?
+    /// Weak, as each attempt's: the subscription's ticket holds the driver's
+    /// runner, which holds this; a ticket that goes away without a stop (a
+    /// runtime dropped without `shutdown()`) stops it through that runner's
+    /// deinit. Held strongly, it was a cycle, and the attempts ran on (and
+    /// restarted) while the driver lived. Cleared at stop.
+    private weak var outer: SourceTicket?
     private let kind: any RestartableSource.Type
     private var schedule: RestartSchedule
     private unowned let host: any RestartHost
@@ -265,7 +270,8 @@ package final class RestartSupervisor {
 /// refused once it was stopped.
 final class AttemptTicket: SourceTicket {
     private weak var supervisor: RestartSupervisor?
-    private let outer: SourceTicket
+    /// Weak (see `RestartSupervisor.outer`).
+    private weak var outer: SourceTicket?
     /// The attempt's number (1 for the first start).
     let number: Int
     /// Open while the attempt may post from other threads.
