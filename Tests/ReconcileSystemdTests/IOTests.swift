@@ -203,6 +203,22 @@ extension SystemdTests {
             try Harness(IOProgram { _ in Subscriptions { Subscription.process(arguments, key: "p", grace: grace) { .process($0) } } })
         }
 
+        /// A child's lines of one read are one batch: `update` for each,
+        /// one reconcile after them (one reconcile per line before).
+        @Test func aChattyChildsLinesAreBatchedOneReconcileAPipeRead() throws {
+            let h = try run(["/bin/sh", "-c", "seq 1 20000; exit 0"])
+            try h.run(until: { h.runtime.model.ended != nil })
+            let out = h.runtime.model.output(.stdout)
+            #expect(out.count == 20_000)
+            #expect(out.first == "1" && out.last == "20000")
+            #expect(h.runtime.model.processEvents.last == .exited(status: 0))
+            // 20,000 lines are about 110 KB: a few reads of at most 64 KiB
+            // (and the pipe's 64 KiB at a time), each a batch.
+            let reconciles = h.runtime.stats.reconciles
+            print("chatty child: \(out.count) lines, \(h.runtime.stats.messages) messages, \(reconciles) reconciles")
+            #expect(reconciles < 200)
+        }
+
         @Test func aShellChildsStdoutAndStderrLinesArriveInOrderThenExit3() throws {
             let h = try run(["/bin/sh", "-c", "echo out1; echo err1 >&2; echo out2; echo err2 >&2; printf partial; exit 3"])
             try h.run(until: { h.runtime.model.ended != nil })

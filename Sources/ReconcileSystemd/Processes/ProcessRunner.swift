@@ -205,9 +205,14 @@ final class ProcessRunner: RunningSource {
         }
     }
 
+    /// One batch: `update` runs for each event in order and one reconcile
+    /// follows, as a descriptor's dispatch (one each was a reconcile per
+    /// line: a chatty child made a reconcile of every subscription per line).
     private func emit(_ events: [ProcessSource.Event]) {
+        guard !events.isEmpty, let ticket else { return }
+        if ticket.emit(batch: events, of: ProcessSource.self) { return }
         for event in events {
-            guard let ticket else { return }
+            guard let ticket = self.ticket else { return }
             ticket.emit(event)
         }
     }
