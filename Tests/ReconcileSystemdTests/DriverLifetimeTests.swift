@@ -68,6 +68,19 @@ struct RestartingSleeper: Program {
     }
 }
 
+/// The machine's connectivity; counts the events.
+struct WatchesConnectivity: Program {
+    let configuration: ConnectivitySource.Configuration
+    func start() -> (Int, [Never]) { (0, []) }
+    func update(_ model: inout Int, _ message: ConnectivitySource.Event) -> [Never] {
+        model += 1
+        return []
+    }
+    func subscriptions(_ model: Int) -> Subscriptions<ConnectivitySource.Event> {
+        Subscriptions { Subscription.connectivity(configuration, key: "c") { $0 } }
+    }
+}
+
 extension SystemdTests {
     /// What a driver leaves on its loop when the runtime does not shut down.
     @Suite struct DriverLifetime {
@@ -260,6 +273,24 @@ extension SystemdTests {
             }
             #expect(driver.runningCount == 0)
             #expect(try loop.run(until: { kill(pid, 0) != 0 }, timeout: .seconds(5)))
+            driver.detach()
+        }
+
+        /// The same for connectivity (kernel backend, and with no restart
+        /// policy: its reporter held the subscription's ticket strongly).
+        @Test(arguments: [false, true])
+        func aConnectivitySourceWhoseTicketGoesAwayIsStopped(restarting: Bool) throws {
+            let loop = try EventLoop()
+            let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
+            do {
+                let configuration = restarting ? ConnectivitySource.Configuration(backend: .kernel)
+                    : ConnectivitySource.Configuration(backend: .kernel, restart: .never)
+                let runtime = Runtime(WatchesConnectivity(configuration: configuration), driver: driver)
+                try runtime.start()
+                #expect(driver.runningCount >= 1)
+                #expect(try loop.run(until: { runtime.model > 0 }, timeout: .seconds(5)))
+            }
+            #expect(driver.runningCount == 0)
             driver.detach()
         }
 

@@ -12,7 +12,10 @@ import Reconcile
 /// candidate is what differs through that lens; it is reported once it has
 /// held for the settle time (the newest state of that candidate is sent).
 final class ConnectivityReporter {
-    private let ticket: SourceTicket
+    /// Weak: the ticket's driver state holds the backend that holds this
+    /// (see `DescriptorRunner.ticket`): a ticket that goes away without a
+    /// stop stops the backend through the driver's runner.
+    private weak var ticket: SourceTicket?
     private let loop: EventLoop
     private(set) var configuration: ConnectivitySource.Configuration
     private var reported: ConnectivitySource.State?
@@ -66,7 +69,7 @@ final class ConnectivityReporter {
         reported = nil
         candidate = nil
         cancelSettle()
-        ticket.fail(failure)
+        ticket?.fail(failure)
     }
 
     /// The backend retries (attempt `attempt`) after `after`.
@@ -74,6 +77,7 @@ final class ConnectivityReporter {
         // A batch of one: a retry announced to every source of a backend
         // (a bus reconnect, a netlink resync) is one reconcile
         // (`RetryAttempts.announceRestarting`).
+        guard let ticket else { return }
         RetryAttempts.announceRestarting(ConnectivitySource.Event.restarting(attempt: attempt, after: after), of: ConnectivitySource.self,
                                          to: ticket)
     }
@@ -98,7 +102,7 @@ final class ConnectivityReporter {
         reported = state
         candidate = nil
         cancelSettle()
-        ticket.emit(ConnectivitySource.Event.changed(.init(state: state, changedAt: since)))
+        ticket?.emit(ConnectivitySource.Event.changed(.init(state: state, changedAt: since)))
     }
 
     private func cancelSettle() {

@@ -287,7 +287,8 @@ private func readStringProperties(_ m: OpaquePointer?) -> [String: String]? {
 final class AutoConnectivity: RunningSource {
     static let askTimeout: UInt64 = 2_000_000
 
-    private let ticket: SourceTicket
+    /// Weak (see `ConnectivityReporter.ticket`).
+    private weak var ticket: SourceTicket?
     private var configuration: ConnectivitySource.Configuration
     private let context: SourceContext
     private var bus: SystemBus?
@@ -349,6 +350,8 @@ final class AutoConnectivity: RunningSource {
         self.bus = nil
         // The probe's connection goes; networkd runs on the driver's shared one.
         retire(bus, slots: [], inItsCallback: inBusCallback, loop: context.loop, logger: context.logger)
+        // The subscription's ticket gone without a stop: its runner stops this.
+        guard let ticket else { return }
         if networkd {
             context.logger.info("connectivity: auto chose networkd")
             chosen = NetworkdConnectivity(ticket: ticket, configuration: configuration, context: context)
