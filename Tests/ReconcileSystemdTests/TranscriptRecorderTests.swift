@@ -71,7 +71,10 @@ struct RecordedTimers: Program {
         let recorder = TranscriptRecorder<RecordedTimers>(path: path, logger: RecordedLog().logger)
         #expect(recorder.encodesOffLoop)
         try run({ recorder.attach(to: $0) }, flush: { recorder.flush() })
-        recorder.finish()
+        // What is written is the question here, not how soon: under a
+        // sanitizer with the other suites running the writer took longer
+        // than `finish`'s default 2 s once (the file cut short).
+        recorder.finish(timeout: .seconds(60))
         let expected = String(decoding: buffer.data, as: UTF8.self).split(separator: "\n").dropFirst()
         let written = String(decoding: try Data(contentsOf: URL(fileURLWithPath: path)), as: UTF8.self).split(separator: "\n")
         #expect(written.last?.hasPrefix("{\"type\":\"end\"") == true)
