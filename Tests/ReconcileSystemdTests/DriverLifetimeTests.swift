@@ -20,66 +20,20 @@ struct TimerAndWatch: Program {
     }
 }
 
-/// Watches `path`, reporting that it exists; counts the events.
-struct ExistingWatch: Program {
-    let path: String
-    func start() -> (Int, [Never]) { (0, []) }
-    func update(_ model: inout Int, _ message: FileWatchSource.Event) -> [Never] {
-        model += 1
-        return []
-    }
-    func subscriptions(_ model: Int) -> Subscriptions<FileWatchSource.Event> {
-        Subscriptions { Subscription.watch(path, reportExisting: true) { $0 } }
-    }
-}
-
-/// A descriptor read as lines, a listener and a child process; the
-/// model is the child's pid once it started.
-struct TalkingSources: Program {
-    let descriptor: Int32
-    let listener: Int32
+/// A fixed set of subscriptions whose events are numbers (a child's pid,
+/// 1 for any other event that counts, 0 for none); the model is the largest.
+struct FixedSources: Program {
+    let wanted: () -> Subscriptions<Int32>
     func start() -> (Int32, [Never]) { (0, []) }
     func update(_ model: inout Int32, _ message: Int32) -> [Never] {
-        if message > 0 { model = message }
+        model = max(model, message)
         return []
     }
-    func subscriptions(_ model: Int32) -> Subscriptions<Int32> {
-        Subscriptions {
-            Subscription.lines(descriptor, owned: true) { _ in 0 }
-            Subscription.listen(listener, name: "kept", owned: true) { _ in 0 }
-            Subscription.process(["/bin/sleep", "30"], key: "sleeper") { if case .started(let pid) = $0 { pid } else { 0 } }
-        }
-    }
+    func subscriptions(_ model: Int32) -> Subscriptions<Int32> { wanted() }
 }
 
-/// A child restarted when it ends; the model is its pid once it started.
-struct RestartingSleeper: Program {
-    func start() -> (Int32, [Never]) { (0, []) }
-    func update(_ model: inout Int32, _ message: Int32) -> [Never] {
-        if message > 0 { model = message }
-        return []
-    }
-    func subscriptions(_ model: Int32) -> Subscriptions<Int32> {
-        Subscriptions {
-            Subscription.process(["/bin/sleep", "30"], key: "sleeper", restart: .backoff(), restartOn: .always) {
-                if case .started(let pid) = $0 { pid } else { 0 }
-            }
-        }
-    }
-}
-
-/// The machine's connectivity; counts the events.
-struct WatchesConnectivity: Program {
-    let configuration: ConnectivitySource.Configuration
-    func start() -> (Int, [Never]) { (0, []) }
-    func update(_ model: inout Int, _ message: ConnectivitySource.Event) -> [Never] {
-        model += 1
-        return []
-    }
-    func subscriptions(_ model: Int) -> Subscriptions<ConnectivitySource.Event> {
-        Subscriptions { Subscription.connectivity(configuration, key: "c") { $0 } }
-    }
-}
+/// A started child's pid, else 0.
+func startedPid(_ event: ProcessSource.Event) -> Int32 { if case .started(let pid) = event { pid } else { 0 } }
 
 extension SystemdTests {
     /// What a driver leaves on its loop when the runtime does not shut down.
@@ -205,7 +159,7 @@ extension SystemdTests {
             let loop = try EventLoop()
             let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
             do {
-                let runtime = Runtime(ExistingWatch(path: dir + "/f"), driver: driver)
+                let runtime = Runtime(FixedSources { Subscriptions { Subscription.watch(dir + "/f", reportExisting: true) { _ in 1 } } }, driver: driver)
                 try runtime.start()
                 #expect(driver.runningCount == 1)
                 #expect(driver.flushGuard.count == 1)
@@ -239,7 +193,13 @@ extension SystemdTests {
             let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
             var pid: Int32 = 0
             do {
-                let runtime = Runtime(TalkingSources(descriptor: pair[0], listener: try listeningUnixSocket(path)), driver: driver)
+                let runtime = Runtime(FixedSources { [listener = try listeningUnixSocket(path), descriptor = pair[0]] in
+                    Subscriptions {
+                        Subscription.lines(descriptor, owned: true) { _ in 0 }
+                        Subscription.listen(listener, name: "kept", owned: true) { _ in 0 }
+                        Subscription.process(["/bin/sleep", "30"], key: "sleeper") { startedPid($0) }
+                    }
+                }, driver: driver)
                 try runtime.start()
                 #expect(driver.runningCount == 3)
                 #expect(try loop.run(until: { runtime.model > 0 }, timeout: .seconds(5)))
@@ -265,7 +225,9 @@ extension SystemdTests {
             let driver = SystemdDriver(loop: loop, logger: DaemonLogger(level: .error, handler: .stderr))
             var pid: Int32 = 0
             do {
-                let runtime = Runtime(RestartingSleeper(), driver: driver)
+                let runtime = Runtime(FixedSources {
+                    Subscriptions { Subscription.process(["/bin/sleep", "30"], key: "sleeper", restart: .backoff(), restartOn: .always) { startedPid($0) } }
+                }, driver: driver)
                 try runtime.start()
                 #expect(driver.runningCount == 2)    // the supervisor and its attempt
                 #expect(try loop.run(until: { runtime.model > 0 }, timeout: .seconds(5)))
@@ -285,7 +247,7 @@ extension SystemdTests {
             do {
                 let configuration = restarting ? ConnectivitySource.Configuration(backend: .kernel)
                     : ConnectivitySource.Configuration(backend: .kernel, restart: .never)
-                let runtime = Runtime(WatchesConnectivity(configuration: configuration), driver: driver)
+                let runtime = Runtime(FixedSources { Subscriptions { Subscription.connectivity(configuration, key: "c") { _ in 1 } } }, driver: driver)
                 try runtime.start()
                 #expect(driver.runningCount >= 1)
                 #expect(try loop.run(until: { runtime.model > 0 }, timeout: .seconds(5)))
