@@ -7,7 +7,10 @@ import ReconcileSystemd
 
 /// Counts the lines of one descriptor, and the connections of one listener.
 struct CountingProgram: Program {
-    struct Model: Equatable { var lines = 0; var ended = false; var accepted = 0; var open: [Connection] = [] }
+    /// (`open` by identity: a connection's end removes it without a pass
+    /// over the others, whose cost would be this program's, not the
+    /// runtime's; the hand-written accept loop keeps no list at all.)
+    struct Model: Equatable { var lines = 0; var ended = false; var accepted = 0; var open: [UInt64: Connection] = [:] }
     enum Message { case descriptor(DescriptorSource.Event), listener(ListenerSource.Event), connection(UInt64, DescriptorSource.Event) }
     let fd: Int32
     let listening: Bool
@@ -26,9 +29,9 @@ struct CountingProgram: Program {
         case .descriptor(.endOfFile): model.ended = true
         case .listener(.accepted(let c)):
             model.accepted += 1
-            model.open.append(c)
+            model.open[c.id] = c
         case .connection(let id, .endOfFile), .connection(let id, .failed):
-            model.open.removeAll { $0.id == id }
+            model.open[id] = nil
         default: break
         }
         return []
@@ -38,7 +41,7 @@ struct CountingProgram: Program {
         if listening {
             return Subscriptions {
                 Subscription.listen(fd, name: "bench", connectionLimit: 1 << 20) { .listener($0) }
-                model.open.map { c in Subscription.connection(c) { .connection(c.id, $0) } }
+                model.open.values.map { c in Subscription.connection(c) { .connection(c.id, $0) } }
             }
         }
         return Subscriptions { Subscription.lines(fd, batched: batched) { .descriptor($0) } }
@@ -115,10 +118,17 @@ final class RawCounter {
 /// Lines per second through `Subscription.lines` to `update`, against a
 /// hand-written `sd_event_add_io` reader (64 KiB reads, memchr) in the same
 /// run, timed by the loop thread's CPU time (the writer runs on a thread of
-/// its own; `--wall`: the wall clock); then (unless `linesOnly`)
+/// its own; `--wall`: the wall clock); then
 /// connections accepted per second through `Subscription.listen` against a
 /// hand-written accept loop, and a timer's lateness under a flood.
-func ioBenchmark(lines count: Int, connections: Int, rounds: Int, linesOnly: Bool = false, into records: inout [Record]) throws {
+func ioBenchmark(lines count: Int, connections: Int, rounds: Int, into records: inout [Record]) throws {
+    try ioLinesBenchmark(lines: count, rounds: rounds, into: &records)
+    try ioAcceptsBenchmark(connections: connections, rounds: rounds, into: &records)
+    try ioFloodBenchmark(connections: 100, seconds: rounds > 3 ? 3 : 1, into: &records)
+}
+
+/// The lines part of `io` (alone: `io-lines`, for a profiler).
+func ioLinesBenchmark(lines count: Int, rounds: Int, into records: inout [Record]) throws {
     var ours: [Double] = [], oursBatched: [Double] = [], raw: [Double] = [], rawUpdate: [Double] = []
     // Lines `update` saw per reconcile (about: per dispatch's batch), which
     // says how much per-dispatch work (epoll, the batch, the reconcile of a
@@ -199,10 +209,6 @@ func ioBenchmark(lines count: Int, connections: Int, rounds: Int, linesOnly: Boo
             close(pair[0])
         }
     }
-    // Each round's own ratio (ours and the reader timed back to back),
-    // their median: the machine changes speed between rounds more than
-    // within one, so this moves less than the ratio of the medians.
-    func paired(_ a: [Double], _ b: [Double]) -> Double { median(zip(a, b).map { $0 / $1 }) }
     records.append(Record(benchmark: "io", implementation: "ours", size: count, churn: nil, unit: "line", runs: rounds,
                           medianNanos: 1e9 / median(ours), p99Nanos: 1e9 / (ours.min() ?? 1), perSubscription: false,
                           extra: [("lines_per_second", median(ours)), ("ratio_to_raw", median(ours) / median(raw)),
@@ -221,16 +227,26 @@ func ioBenchmark(lines count: Int, connections: Int, rounds: Int, linesOnly: Boo
                           medianNanos: 1e9 / median(rawUpdate), p99Nanos: 1e9 / (rawUpdate.min() ?? 1), perSubscription: false,
                           extra: [("lines_per_second", median(rawUpdate))]))
     progress("io lines: ours \(Int(median(ours)))/s, hand-written sd_event_add_io \(Int(median(raw)))/s, ratio \(format2(median(ours) / median(raw))); hand-written + update per line \(Int(median(rawUpdate)))/s, ratio \(format2(median(ours) / median(rawUpdate))); \(Int(median(linesPerReconcile))) lines per reconcile; batched (one .lines per dispatch) \(Int(median(oursBatched)))/s, ratio \(format2(median(oursBatched) / median(raw))); per round (median of each round's ratio to the reader): per line \(format2(paired(ours, raw))), batched \(format2(paired(oursBatched, raw)))")
+}
 
-    if linesOnly { return }
+/// The accepts part of `io` (alone: `io-accepts`, for a profiler).
+func ioAcceptsBenchmark(connections: Int, rounds: Int, into records: inout [Record]) throws {
     // Connections accepted per second (of the loop thread's CPU time, as
     // the lines; `--wall`: the wall clock).
     // The hand-written accept loop closes each connection at once; the
     // fair variant (`raw-read`) watches each with sd_event_add_io and
     // reads it to its end before closing it, as ours does.
     var oursAccepts: [Double] = [], rawAccepts: [Double] = [], rawReadAccepts: [Double] = []
+    // Ours: the most connections open at once (accepted, not yet read to
+    // their end and stopped) and the accepts per reconcile, which say how
+    // much reconciling (a set of every open connection) each accept carries.
+    var mostOpenSeen: [Double] = [], acceptsPerReconcile: [Double] = []
     for round in 0..<rounds {
+        // IO_ACCEPTS_ONLY=ours|raw|raw-read runs one implementation (for a
+        // profiler; its ratios are then not computed).
+        let only = getenv("IO_ACCEPTS_ONLY").map { String(cString: $0) }
         for (hand, reads) in [(false, false), (true, false), (true, true)] {
+            if let only, only != (hand ? (reads ? "raw-read" : "raw") : "ours") { continue }
             let tmp = getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp"
             var template = Array((tmp + "/reconcile-bench-XXXXXX").utf8CString)
             guard let dir = mkdtemp(&template) else { fail("mkdtemp") }
@@ -284,8 +300,11 @@ func ioBenchmark(lines count: Int, connections: Int, rounds: Int, linesOnly: Boo
                 let runtime = Runtime(CountingProgram(fd: listener, listening: true), driver: driver)
                 try runtime.start()
                 startConnector(path, connections: connections)
-                _ = try loop.run(until: { runtime.model.accepted >= connections }, timeout: .seconds(120))
+                var mostOpen = 0
+                _ = try loop.run(until: { mostOpen = max(mostOpen, runtime.model.open.count); return runtime.model.accepted >= connections }, timeout: .seconds(120))
                 oursAccepts.append(Double(runtime.model.accepted) / (Double(timerNanos() - began) / 1e9))
+                mostOpenSeen.append(Double(mostOpen))
+                acceptsPerReconcile.append(Double(runtime.model.accepted) / Double(max(1, runtime.stats.reconciles)))
                 runtime.shutdown()
             }
             close(listener)
@@ -293,20 +312,32 @@ func ioBenchmark(lines count: Int, connections: Int, rounds: Int, linesOnly: Boo
             rmdir(dir)
         }
     }
+    if oursAccepts.isEmpty || rawAccepts.isEmpty || rawReadAccepts.isEmpty {
+        for (name, rates) in [("ours", oursAccepts), ("raw", rawAccepts), ("raw-read", rawReadAccepts)] where !rates.isEmpty {
+            progress("io accepts: \(name) \(Int(median(rates)))/s")
+        }
+        return
+    }
     records.append(Record(benchmark: "io", implementation: "ours", size: connections, churn: nil, unit: "accept", runs: rounds,
                           medianNanos: 1e9 / median(oursAccepts), p99Nanos: 1e9 / (oursAccepts.min() ?? 1), perSubscription: false,
                           extra: [("accepts_per_second", median(oursAccepts)), ("ratio_to_raw", median(oursAccepts) / median(rawAccepts)),
-                                  ("ratio_to_raw_read", median(oursAccepts) / median(rawReadAccepts))]))
+                                  ("ratio_to_raw_read", median(oursAccepts) / median(rawReadAccepts)),
+                                  ("paired_ratio_to_raw_read", paired(oursAccepts, rawReadAccepts)),
+                                  ("most_open", median(mostOpenSeen)), ("accepts_per_reconcile", median(acceptsPerReconcile))]))
     records.append(Record(benchmark: "io", implementation: "raw", size: connections, churn: nil, unit: "accept", runs: rounds,
                           medianNanos: 1e9 / median(rawAccepts), p99Nanos: 1e9 / (rawAccepts.min() ?? 1), perSubscription: false,
                           extra: [("accepts_per_second", median(rawAccepts))]))
     records.append(Record(benchmark: "io", implementation: "raw-read", size: connections, churn: nil, unit: "accept", runs: rounds,
                           medianNanos: 1e9 / median(rawReadAccepts), p99Nanos: 1e9 / (rawReadAccepts.min() ?? 1), perSubscription: false,
                           extra: [("accepts_per_second", median(rawReadAccepts))]))
-    progress("io accepts: ours \(Int(median(oursAccepts)))/s, hand-written \(Int(median(rawAccepts)))/s, ratio \(format2(median(oursAccepts) / median(rawAccepts))); hand-written reading each to its end \(Int(median(rawReadAccepts)))/s, ratio \(format2(median(oursAccepts) / median(rawReadAccepts)))")
+    progress("io accepts: ours \(Int(median(oursAccepts)))/s, hand-written \(Int(median(rawAccepts)))/s, ratio \(format2(median(oursAccepts) / median(rawAccepts))); hand-written reading each to its end \(Int(median(rawReadAccepts)))/s, ratio \(format2(median(oursAccepts) / median(rawReadAccepts))), per round \(format2(paired(oursAccepts, rawReadAccepts))); ours: \(Int(median(mostOpenSeen))) open at most, \(Int(median(acceptsPerReconcile))) accepts per reconcile")
 
-    try ioFloodBenchmark(connections: 100, seconds: rounds > 3 ? 3 : 1, into: &records)
 }
+
+/// Each round's own ratio (ours and the yardstick timed back to back),
+/// their median: the machine changes speed between rounds more than within
+/// one, so this moves less than the ratio of the medians.
+func paired(_ a: [Double], _ b: [Double]) -> Double { median(zip(a, b).map { $0 / $1 }) }
 
 /// `x` with two decimals.
 func format2(_ x: Double) -> String {

@@ -26,6 +26,7 @@ let usage = """
       io            lines per second from a socket to `update`, and connections accepted
                     per second: ours vs a hand-written sd_event_add_io reader
       io-lines      (not in the default set) io's lines part alone, for a profiler
+      io-accepts    (not in the default set) io's accepts part alone, for a profiler
       bus           D-Bus signals per second to update (busSignal) vs a hand-written sd-bus match
                     (starts a private dbus-daemon)
       bus-serve     method calls per second answered by an exported object (update replies) vs a
@@ -119,7 +120,7 @@ func parse(_ arguments: [String]) -> Options {
             exit(0)
         default:
             if a.hasPrefix("-") { fail("unknown option \(a)\n\(usage)") }
-            guard allBenchmarks.contains(a) || a == "io-lines" else { fail("no benchmark '\(a)'; there are: \(allBenchmarks.joined(separator: ", "))") }
+            guard allBenchmarks.contains(a) || a == "io-lines" || a == "io-accepts" else { fail("no benchmark '\(a)'; there are: \(allBenchmarks.joined(separator: ", "))") }
             o.benchmarks.append(a)
         }
     }
@@ -213,7 +214,8 @@ do {
     if selected.contains("loop-noop") { loopNoopBenchmark(count: 10_000, budget: budget, into: &records) }
     if selected.contains("effects") { try effectsBenchmark(count: quick ? 10_000 : 50_000, rounds: quick ? 3 : 7, into: &records) }
     if selected.contains("io") { try ioBenchmark(lines: quick ? 200_000 : 1_000_000, connections: quick ? 5_000 : 20_000, rounds: 5, into: &records) }
-    if selected.contains("io-lines") { try ioBenchmark(lines: quick ? 200_000 : 1_000_000, connections: 0, rounds: 5, linesOnly: true, into: &records) }
+    if selected.contains("io-lines") { try ioLinesBenchmark(lines: quick ? 200_000 : 1_000_000, rounds: 5, into: &records) }
+    if selected.contains("io-accepts") { try ioAcceptsBenchmark(connections: quick ? 5_000 : 20_000, rounds: 5, into: &records) }
     if selected.contains("bus") { try busBenchmark(count: quick ? 5_000 : 20_000, rounds: quick ? 3 : 7, into: &records) }
     if selected.contains("bus-serve") { try busServeBenchmark(count: quick ? 5_000 : 20_000, rounds: quick ? 3 : 7, into: &records) }
 } catch {

@@ -231,6 +231,7 @@ public enum ConnectivitySource: Source {
 
 extension Subscription {
     /// A connectivity watch keyed by `key`.
+    @inlinable
     public static func connectivity<Key: Hashable & Sendable>(
         _ configuration: ConnectivitySource.Configuration = .init(), key: Key,
         _ tag: @escaping (ConnectivitySource.Event) -> Message

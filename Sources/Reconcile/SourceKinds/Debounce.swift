@@ -33,6 +33,7 @@ extension Subscription {
     ///     Subscription.debounce("save", phase: phase, after: .seconds(2)) { _ in .quiet(phase) }
     /// }
     /// ```
+    @inlinable
     public static func debounce(
         _ name: String, phase: Phase, after delay: Duration, clock: TimerSource.Clock = .monotonic,
         leeway: Duration = TimerSource.defaultLeeway, _ tag: @escaping (TimerSource.Event) -> Message
@@ -44,6 +45,7 @@ extension Subscription {
     /// A bare `Phase` is not a timer key: two debouncers whose counters are
     /// equal would share one identity (a duplicate; the second never fires).
     @available(*, deprecated, message: "a bare Phase as a timer key collides with any other debouncer at the same count: use Subscription.debounce(_:phase:after:_:)")
+    @inlinable
     public static func after(
         _ delay: Duration, key: Phase, clock: TimerSource.Clock = .monotonic,
         leeway: Duration = TimerSource.defaultLeeway, _ tag: @escaping (TimerSource.Event) -> Message
@@ -54,6 +56,7 @@ extension Subscription {
 
     /// A bare `Phase` is not a timer key (see `after(_:key:clock:leeway:_:)`).
     @available(*, deprecated, message: "a bare Phase as a timer key collides with any other timer keyed by a phase at the same count: key by a name and the phase")
+    @inlinable
     public static func every(
         _ interval: Duration, key: Phase, clock: TimerSource.Clock = .monotonic,
         leeway: Duration = TimerSource.defaultLeeway, _ tag: @escaping (TimerSource.Event) -> Message

@@ -46,6 +46,7 @@ public enum SignalSource: Source {
 
 extension Subscription {
     /// A subscription to `signal`, keyed by the signal.
+    @inlinable
     public static func signal(_ signal: SignalSource.Signal, _ tag: @escaping (SignalSource.Event) -> Message) -> Subscription {
         Subscription(SignalSource.self, key: signal, configuration: signal, tag: tag)
     }

@@ -35,7 +35,7 @@ public struct Subscription<Message> {
     /// storage, one per event (`Subscription.lines`).
     /// (A factory, not an initializer: a trailing closure would make the
     /// two ambiguous.)
-    static func consumingEvents<S: Source, Key: Hashable & Sendable>(
+    @inlinable static func consumingEvents<S: Source, Key: Hashable & Sendable>(
         _ source: S.Type, key: Key, configuration: S.Configuration,
         tag: @escaping (consuming S.Event) -> Message
     ) -> Subscription {
@@ -103,9 +103,9 @@ public struct Subscription<Message> {
 /// closure written for it moves the event into the message. (A class of its
 /// own: converting a closure between the two conventions allocates a thunk,
 /// which every subscription built would pay.)
-final class ConsumingSourceTagger<S: Source, Message>: Tagger<Message> {
+@usableFromInline final class ConsumingSourceTagger<S: Source, Message>: Tagger<Message> {
     let body: (consuming S.Event) -> Message
-    init(_ body: @escaping (consuming S.Event) -> Message) { self.body = body }
+    @usableFromInline init(_ body: @escaping (consuming S.Event) -> Message) { self.body = body }
     override func tag(_ event: Any) -> Message? {
         guard let e = event as? S.Event else { return nil }
         return body(e)

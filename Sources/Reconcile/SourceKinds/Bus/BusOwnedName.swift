@@ -116,6 +116,7 @@ extension Subscription {
     ///   - name: The well-known name.
     ///   - flags: How it is asked for.
     ///   - tag: Maps `.acquired`, `.lost`, `.failed` to messages.
+    @inlinable
     public static func ownName(bus: BusAddress, name: String, flags: BusNameFlags = [],
                                _ tag: @escaping (BusOwnedNameSource.Event) -> Message) -> Subscription {
         let c = BusOwnedNameSource.Configuration(bus: bus, name: name, flags: flags)
@@ -128,6 +129,7 @@ extension Subscription {
     ///   - peers: The peers' unique names.
     ///   - key: The subscription's key.
     ///   - tag: Maps `.left` and `.failed` to messages.
+    @inlinable
     public static func trackPeers<Key: Hashable & Sendable>(bus: BusAddress, peers: Set<String>, key: Key,
                                                             _ tag: @escaping (BusPeersSource.Event) -> Message) -> Subscription {
         Subscription(BusPeersSource.self, key: key, configuration: BusPeersSource.Configuration(bus: bus, peers: peers), tag: tag)

@@ -338,6 +338,11 @@ public enum BusObjectSource: Source {
         public var bus: BusAddress
         /// The object path.
         public var path: String
+
+        @usableFromInline init(bus: BusAddress, path: String) {
+            self.bus = bus
+            self.path = path
+        }
     }
 }
 
@@ -346,6 +351,7 @@ extension Subscription {
     /// - Parameters:
     ///   - object: The object, its properties computed from the model.
     ///   - tag: Maps calls, writes and failures to messages.
+    @inlinable
     public static func busObject(_ object: BusObject, _ tag: @escaping (BusObjectSource.Event) -> Message) -> Subscription {
         Subscription(BusObjectSource.self, key: BusObjectSource.Key(bus: object.bus, path: object.path), configuration: object, tag: tag)
     }
@@ -356,6 +362,7 @@ extension Subscription {
     ///   - path: The object path.
     ///   - interfaces: Its interfaces, properties computed from the model.
     ///   - tag: Maps calls, writes and failures to messages.
+    @inlinable
     public static func busObject(bus: BusAddress, path: String, interfaces: [BusInterface],
                                  _ tag: @escaping (BusObjectSource.Event) -> Message) -> Subscription {
         busObject(BusObject(bus: bus, path: path, interfaces: interfaces), tag)

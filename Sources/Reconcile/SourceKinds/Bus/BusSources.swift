@@ -300,6 +300,7 @@ extension Subscription {
     ///   - arguments: string argument matches by index.
     ///   - restart: how it reconnects after the bus was lost (`BusAddress.defaultReconnect`).
     ///   - tag: makes a message of each event.
+    @inlinable
     public static func busSignal(
         bus: BusAddress, sender: String? = nil, path: String? = nil, interface: String? = nil, member: String? = nil,
         arguments: [Int: String] = [:], restart: RestartPolicy = BusAddress.defaultReconnect,
@@ -311,6 +312,7 @@ extension Subscription {
     }
 
     /// Signals matching `configuration`, keyed by `key` (a filter change retunes).
+    @inlinable
     public static func busSignal<Key: Hashable & Sendable>(
         _ configuration: BusSignalSource.Configuration, key: Key, _ tag: @escaping (BusSignalSource.Event) -> Message
     ) -> Subscription {
@@ -324,6 +326,7 @@ extension Subscription {
     ///   - name: the well-known name.
     ///   - restart: how it reconnects after the bus was lost (`BusAddress.defaultReconnect`).
     ///   - tag: makes a message of each event.
+    @inlinable
     public static func busName(bus: BusAddress, name: String, restart: RestartPolicy = BusAddress.defaultReconnect,
                                _ tag: @escaping (BusNameSource.Event) -> Message) -> Subscription {
         let c = BusNameSource.Configuration(bus: bus, name: name, restart: restart)
@@ -342,6 +345,7 @@ extension Subscription {
     ///   - type: the type the program expects (nil: any).
     ///   - restart: how it reconnects after the bus was lost (`BusAddress.defaultReconnect`).
     ///   - tag: makes a message of each event.
+    @inlinable
     public static func busProperty(
         bus: BusAddress, service: String, path: String, interface: String, property: String, type: BusType? = nil,
         restart: RestartPolicy = BusAddress.defaultReconnect, _ tag: @escaping (BusPropertySource.Event) -> Message

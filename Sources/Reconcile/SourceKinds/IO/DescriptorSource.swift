@@ -126,7 +126,7 @@ public enum DescriptorSource: Source {
 
 extension DescriptorSource.Framing {
     /// `lines` or, `batched`, `lineBatches`, of at most `maxLineLength` (at least 1) bytes.
-    static func lineFraming(_ maxLineLength: Int, batched: Bool) -> Self {
+    @inlinable static func lineFraming(_ maxLineLength: Int, batched: Bool) -> Self {
         batched ? .lineBatches(maxLineLength: max(1, maxLineLength)) : .lines(maxLineLength: max(1, maxLineLength))
     }
 }
@@ -202,6 +202,7 @@ extension Subscription {
     ///   - maxChunk: the most bytes in one event.
     ///   - owned: whether stopping the subscription closes `fd`.
     ///   - tag: makes a message of each event.
+    @inlinable
     public static func readable(_ fd: Int32, maxChunk: Int = 4096, owned: Bool = false,
                                 _ tag: @escaping (DescriptorSource.Event) -> Message) -> Subscription {
         Subscription(DescriptorSource.self, key: fd,
@@ -220,6 +221,7 @@ extension Subscription {
     ///     and one `update` per batch, for throughput.
     ///   - tag: makes a message of each event; it gets the event owned, so
     ///     `{ .input($0) }` moves the line into the message (no copy).
+    @inlinable
     public static func lines(_ fd: Int32, maxLineLength: Int = DescriptorSource.defaultMaxLineLength, owned: Bool = false,
                              batched: Bool = false,
                              _ tag: @escaping (consuming DescriptorSource.Event) -> Message) -> Subscription {
@@ -235,6 +237,7 @@ extension Subscription {
     ///   - maxSize: the largest datagram delivered whole.
     ///   - owned: whether stopping the subscription closes `fd`.
     ///   - tag: makes a message of each event.
+    @inlinable
     public static func datagrams(_ fd: Int32, maxSize: Int = 65536, owned: Bool = false,
                                  _ tag: @escaping (DescriptorSource.Event) -> Message) -> Subscription {
         Subscription(DescriptorSource.self, key: fd,
@@ -252,6 +255,7 @@ extension Subscription {
     ///   - batched: each dispatch's lines as one `.lines(LineBatch)` event
     ///     (`Framing.lineBatches`).
     ///   - tag: makes a message of each event.
+    @inlinable
     public static func connection(_ connection: Connection, maxLineLength: Int = DescriptorSource.defaultMaxLineLength,
                                   writeQueueLimit: Int = DescriptorSource.defaultWriteQueueLimit, batched: Bool = false,
                                   _ tag: @escaping (consuming DescriptorSource.Event) -> Message) -> Subscription {

@@ -120,6 +120,7 @@ extension Subscription {
     ///   - connectionLimit: the most connections open at once; more are refused and counted.
     ///   - owned: whether stopping the subscription closes `fd`.
     ///   - tag: makes a message of each event.
+    @inlinable
     public static func listen(_ fd: Int32, name: String, connectionLimit: Int = ListenerSource.defaultConnectionLimit,
                               owned: Bool = false, _ tag: @escaping (ListenerSource.Event) -> Message) -> Subscription {
         Subscription(ListenerSource.self, key: name,
@@ -137,6 +138,7 @@ extension Subscription {
     ///   - restart: how it binds again after a failed bind (`EADDRINUSE`) or
     ///     accept (default `.never`: it stays failed until its subscription changes).
     ///   - tag: makes a message of each event.
+    @inlinable
     public static func listen(address: String, name: String, connectionLimit: Int = ListenerSource.defaultConnectionLimit,
                               restart: RestartPolicy = .never, _ tag: @escaping (ListenerSource.Event) -> Message) -> Subscription {
         Subscription(ListenerSource.self, key: name,

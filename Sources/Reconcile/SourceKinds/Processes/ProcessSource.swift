@@ -166,6 +166,7 @@ extension Subscription {
     ///     when (default `.never`: it stays ended until its subscription changes).
     ///   - restartOn: which ends restart (default `.onFailure`: not a clean exit).
     ///   - tag: makes a message of each event.
+    @inlinable
     public static func process<Key: Hashable & Sendable>(
         _ arguments: [String], environment: [String]? = nil, directory: String? = nil, key: Key,
         grace: Duration = ProcessSource.defaultGrace, restart: RestartPolicy = .never,
