@@ -345,6 +345,41 @@ extension SystemdTests {
             close(second)
         }
 
+        /// A listener's connection is read without an `fcntl` (its reader
+        /// relies on `accept4`'s `SOCK_NONBLOCK`); one handed over whole
+        /// (`Accept=yes`) may be blocking, and its reader makes it not.
+        @Test func aConnectionHandedOverBlockingIsMadeNonBlockingAndAnAcceptedOneIsNonBlockingFromItsAccept() throws {
+            let dir = try makeTemporaryDirectory()
+            defer { removeTree(dir) }
+            let path = dir + "/s.sock"
+            let listener = try listeningUnixSocket(path)
+            var pair: [Int32] = [0, 0]
+            #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &pair) == 0)
+            defer { close(pair[1]) }
+            #expect(fcntl(pair[0], F_GETFL) & O_NONBLOCK == 0)
+            let handed = SocketActivation.connection(ActivatedSocket(fd: pair[0], name: "handed", kind: .connected))
+            let h = try Harness(IOProgram { _ in
+                Subscriptions {
+                    Subscription.listen(listener, name: "t", owned: true) { .listener($0) }
+                    Subscription.connection(handed) { .connection(handed.id, $0) }
+                }
+            })
+            let client = connectUnix(path)
+            defer { close(client) }
+            try h.run(until: { h.runtime.model.connections.count == 1 })
+            let accepted = h.runtime.model.connections[0]
+            try h.run(until: { h.driver.ioState?.reader(of: accepted.id) != nil && h.driver.ioState?.reader(of: handed.id) != nil })
+            #expect(fcntl(handed.fd, F_GETFL) & O_NONBLOCK != 0)
+            #expect(fcntl(accepted.fd, F_GETFL) & O_NONBLOCK != 0)
+            // Both are read, each its own line.
+            func lines(_ id: UInt64) -> [String] {
+                h.runtime.model.log.compactMap { if case .connection(id, .line(let s)) = $0 { s } else { nil } }
+            }
+            #expect(write(pair[1], "one\n", 4) == 4)
+            #expect(write(client, "two\n", 4) == 4)
+            try h.run(until: { lines(handed.id) == ["one"] && lines(accepted.id) == ["two"] })
+        }
+
         @Test func aGreetingWrittenInTheUpdateThatSawTheAcceptIsSentFirst() throws {
             let dir = try makeTemporaryDirectory()
             defer { removeTree(dir) }

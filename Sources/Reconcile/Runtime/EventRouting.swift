@@ -61,12 +61,11 @@ final class TypedOwnerLink<Message>: OwnerLink {
         if source.memo === root {
             // Tagged as delivered: no reconcile runs within a batch, so
             // the tagger is the one it had when the batch was emitted.
-            if let tagger = source.tagger as? SourceTagger<S, Message> {
-                let body = tagger.body
+            let tagger = unsafeDowncast(source.tagger, to: Tagger<Message>.self)
+            if let body = tagger.body(of: kind) {
                 return sink.enqueue(batch: events.count, from: source) { body(events[$0]) }
             }
-            if let tagger = source.tagger as? ConsumingSourceTagger<S, Message> {
-                let body = tagger.body
+            if let body = tagger.consumingBody(of: kind) {
                 return sink.enqueue(batch: events.count, from: source) { body(events[$0]) }
             }
         }
@@ -94,14 +93,13 @@ final class TypedOwnerLink<Message>: OwnerLink {
             }
         }
         if source.memo === root {
-            if let tagger = source.tagger as? ConsumingSourceTagger<S, Message> {
-                let body = tagger.body
+            let tagger = unsafeDowncast(source.tagger, to: Tagger<Message>.self)
+            if let body = tagger.consumingBody(of: kind) {
                 return sink.enqueue(stream: source, rest: { rest().map(body) }) { deliver in
                     withoutActuallyEscaping(deliver) { deliver in produce { event in deliver(body(consume event)) } }
                 }
             }
-            if let tagger = source.tagger as? SourceTagger<S, Message> {
-                let body = tagger.body
+            if let body = tagger.body(of: kind) {
                 return sink.enqueue(stream: source, rest: { rest().map(body) }) { deliver in
                     withoutActuallyEscaping(deliver) { deliver in produce { event in deliver(body(event)) } }
                 }

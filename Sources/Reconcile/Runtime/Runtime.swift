@@ -245,15 +245,10 @@ public final class Runtime<P: Program>: DriverHost {
         defer { draining = false }
         var mustReconcile = force
         while state == .running {
-            while head < mailbox.count {
-                let envelope = mailbox[head]
-                head += 1
-                deliver(envelope.message, from: envelope.source, origin: envelope.origin)
-                if state != .running { return }
+            if head < mailboxCount {
                 mustReconcile = true
+                guard deliverQueued() else { return }
             }
-            mailbox.removeAll(keepingCapacity: true)
-            head = 0
             guard mustReconcile else { return }
             mustReconcile = false
             if deferReconcile {
@@ -265,8 +260,29 @@ public final class Runtime<P: Program>: DriverHost {
             }
             reconcile()
             rounds += 1
-            if head >= mailbox.count { return }
+            if head >= mailboxCount { return }
         }
+    }
+
+    /// Delivers the mailbox's envelopes from `head` on (those queued
+    /// meanwhile too), then empties it; false when the runtime stopped
+    /// running during one.
+    ///
+    /// (Out of line, as is every use of an envelope on the paths a
+    /// dispatch takes when the mailbox is empty: generic code fetches the
+    /// envelope's type metadata, a hash lookup of about 330 instructions, at
+    /// the entry of a function that uses it on any path.)
+    @inline(never)
+    private func deliverQueued() -> Bool {
+        while head < mailboxCount {
+            let envelope = mailbox[head]
+            head += 1
+            deliver(envelope.message, from: envelope.source, origin: envelope.origin)
+            if state != .running { return false }
+        }
+        mailbox.removeAll(keepingCapacity: true)
+        head = 0
+        return true
     }
 
     /// Runs `update` for one message, then its commands.
@@ -297,6 +313,19 @@ public final class Runtime<P: Program>: DriverHost {
         commands.isEmpty
         #else
         unsafeBitCast(commands, to: [UInt8].self).isEmpty
+        #endif
+    }
+
+    /// `mailbox.count`, read from the array's storage header as `isEmpty`
+    /// reads `commands`: asked of `[Envelope]` itself, this generic code
+    /// looks the envelope's type up first (about 330 instructions, at every
+    /// dispatch that finds the mailbox empty).
+    @inline(__always)
+    private var mailboxCount: Int {
+        #if _runtime(_ObjC)
+        mailbox.count
+        #else
+        unsafeBitCast(mailbox, to: [UInt8].self).count
         #endif
     }
 
@@ -406,11 +435,8 @@ extension Runtime: MessageSink {
     /// tick) takes it along.
     func enqueue(batch count: Int, from source: ActiveSource, message: (Int) -> P.Message) {
         guard state != .shutDown, count > 0 else { return }
-        guard state == .running, !draining, head >= mailbox.count else {
-            let origin = MessageOrigin.source(source.id, source.activation)
-            for i in 0..<count { mailbox.append(Envelope(message: message(i), source: source, origin: origin)) }
-            if state == .running { drainAndReconcile(force: false) }
-            return
+        guard state == .running, !draining, head >= mailboxCount else {
+            return queue(batch: count, from: source, message: message)
         }
         draining = true
         // Each message is made as it is delivered (no array of them); the
@@ -435,15 +461,8 @@ extension Runtime: MessageSink {
 
     func enqueue(stream source: ActiveSource, rest: () -> [P.Message], _ produce: (_ deliver: (P.Message) -> Bool) -> Void) {
         guard state != .shutDown else { return produce { _ in false } }
+        guard state == .running, !draining, head >= mailboxCount else { return queue(stream: source, produce) }
         let origin = MessageOrigin.source(source.id, source.activation)
-        guard state == .running, !draining, head >= mailbox.count else {
-            produce {
-                mailbox.append(Envelope(message: $0, source: source, origin: origin))
-                return true
-            }
-            if state == .running { drainAndReconcile(force: false) }
-            return
-        }
         draining = true
         // The rest is reachable from `shutdown` only while this runs.
         withoutActuallyEscaping(rest) { rest in
@@ -456,6 +475,26 @@ extension Runtime: MessageSink {
         }
         draining = false
         drainAndReconcile(force: true, deferReconcile: waker != nil)
+    }
+
+    /// A batch that arrives while messages wait or are being delivered:
+    /// queued behind them (out of line: see `deliverQueued`).
+    @inline(never)
+    private func queue(batch count: Int, from source: ActiveSource, message: (Int) -> P.Message) {
+        let origin = MessageOrigin.source(source.id, source.activation)
+        for i in 0..<count { mailbox.append(Envelope(message: message(i), source: source, origin: origin)) }
+        if state == .running { drainAndReconcile(force: false) }
+    }
+
+    /// As `queue(batch:from:message:)`, for a stream's events.
+    @inline(never)
+    private func queue(stream source: ActiveSource, _ produce: (_ deliver: (P.Message) -> Bool) -> Void) {
+        let origin = MessageOrigin.source(source.id, source.activation)
+        produce {
+            mailbox.append(Envelope(message: $0, source: source, origin: origin))
+            return true
+        }
+        if state == .running { drainAndReconcile(force: false) }
     }
 
     func report(_ diagnostic: Diagnostic) {

@@ -87,9 +87,21 @@ public struct Subscription<Message> {
 @usableFromInline class Tagger<Message>: TaggerBase {
     func tag(_ event: Any) -> Message? { fatalError("Tagger.tag: abstract") }
     func fail(_ failure: SourceFailure) -> Message { fatalError("Tagger.fail: abstract") }
+    /// The program's closure, when this tagger was made with one for the
+    /// events of `kind` (borrowed, as `Subscription.init` makes it); nil
+    /// otherwise. (Methods, not casts: a cast to the generic tagger class
+    /// looks its type up at run time, about 330 instructions a batch.)
+    func body<S: Source>(of kind: S.Type) -> ((S.Event) -> Message)? { nil }
+    /// As `body(of:)`, for a tagger that takes its events owned
+    /// (`consumingEvents`).
+    func consumingBody<S: Source>(of kind: S.Type) -> ((consuming S.Event) -> Message)? { nil }
     override func tagAny(_ event: Any) -> Any? { tag(event).map { $0 as Any } }
     override func failAny(_ failure: SourceFailure) -> Any { fail(failure) }
 }
+
+/// A tagger's closure that takes its event owned (named, so an expression
+/// can name its type).
+typealias OwnedEventTag<S: Source, Message> = (consuming S.Event) -> Message
 
 /// The tagger a subscription is made with: the program's closure.
 @usableFromInline final class SourceTagger<S: Source, Message>: Tagger<Message> {
@@ -97,6 +109,9 @@ public struct Subscription<Message> {
     @usableFromInline init(_ body: @escaping (S.Event) -> Message) { self.body = body }
     override func tag(_ event: Any) -> Message? { (event as? S.Event).map(body) }
     override func fail(_ failure: SourceFailure) -> Message { body(S.failed(failure)) }
+    override func body<K: Source>(of kind: K.Type) -> ((K.Event) -> Message)? {
+        K.self == S.self ? unsafeBitCast(body, to: ((K.Event) -> Message).self) : nil
+    }
 }
 
 /// A tagger whose closure takes the event owned (`consumingEvents`): a
@@ -111,6 +126,9 @@ public struct Subscription<Message> {
         return body(e)
     }
     override func fail(_ failure: SourceFailure) -> Message { body(S.failed(failure)) }
+    override func consumingBody<K: Source>(of kind: K.Type) -> ((consuming K.Event) -> Message)? {
+        K.self == S.self ? unsafeBitCast(body, to: OwnedEventTag<K, Message>.self) : nil
+    }
 }
 
 /// A tagger whose messages are mapped (`Subscription.map`).

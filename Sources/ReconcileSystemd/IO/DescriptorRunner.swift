@@ -70,14 +70,16 @@ final class DescriptorRunner: RunningSource {
         case .datagrams(let size): lines = LineBuffer(limit: 1); readSize = max(1, size)
         }
         let fd = configuration.fd
-        if let c = configuration.connection, !state.mayRead(c.id) {
+        let readable = configuration.connection.map { state.readable($0.id, fd: fd) }
+        if let c = configuration.connection, readable == .closed {
             // Its descriptor is closed and its number may be another's now.
             open = false
             throw SourceFailure(operation: "read \(c)", code: EBADF,
                                 reason: "the connection is closed (its subscription stopped, or its listener stopped before it was subscribed)")
         }
         do {
-            let nb = CSystemd_set_nonblocking(fd)
+            // (A connection a listener accepted is non-blocking already.)
+            let nb = readable == .accepted ? 0 : CSystemd_set_nonblocking(fd)
             if nb < 0 {
                 throw SourceFailure(operation: "fcntl(\(fd), O_NONBLOCK)", code: -nb, reason: "descriptor \(fd) cannot be made non-blocking: \(errorText(-nb))")
             }

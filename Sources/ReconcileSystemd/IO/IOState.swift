@@ -10,6 +10,9 @@ final class IOState {
     /// subscription reading it once one has taken it.
     final class Entry {
         let fd: Int32
+        /// Accepted by a listener (`accept4` with `SOCK_NONBLOCK`): already
+        /// non-blocking, so its reader asks no `fcntl`.
+        let accepted: Bool
         weak var listener: ListenerRunner?
         weak var reader: DescriptorRunner?
         /// Bytes written before a subscription took it (`writeEarly`).
@@ -19,6 +22,7 @@ final class IOState {
         var orphaned = false
         init(fd: Int32, listener: ListenerRunner?) {
             self.fd = fd
+            self.accepted = listener != nil
             self.listener = listener
         }
     }
@@ -136,9 +140,21 @@ final class IOState {
         connections[id] = entry
     }
 
-    /// Whether connection `id` may be read: open, or never a listener's
-    /// (one made by `SocketActivation.connection(_:)`).
-    func mayRead(_ id: UInt64) -> Bool { connections[id] != nil || id >= nextConnection }
+    /// What a reader finds of connection `id` on `fd` (one table lookup).
+    enum Readable {
+        /// A listener accepted it (`SOCK_NONBLOCK`: non-blocking already).
+        case accepted
+        /// Open, or never a listener's (`SocketActivation.connection(_:)`).
+        case other
+        /// Closed (its subscription stopped, or its listener stopped
+        /// before it was subscribed): its number may be another's now.
+        case closed
+    }
+
+    func readable(_ id: UInt64, fd: Int32) -> Readable {
+        if let entry = connections[id] { return entry.accepted && entry.fd == fd ? .accepted : .other }
+        return id >= nextConnection ? .other : .closed
+    }
 
     /// What an accepted connection may hold written before its
     /// subscription has started (a greeting written in the update that saw
