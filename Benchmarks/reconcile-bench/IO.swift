@@ -245,6 +245,7 @@ func ioAcceptsBenchmark(connections: Int, rounds: Int, into records: inout [Reco
         // IO_ACCEPTS_ONLY=ours|raw|raw-read runs one implementation (for a
         // profiler; its ratios are then not computed).
         let only = getenv("IO_ACCEPTS_ONLY").map { String(cString: $0) }
+        if let only, round == 0 { warn("io accepts: IO_ACCEPTS_ONLY=\(only): only that implementation runs, no ratios") }
         for (hand, reads) in [(false, false), (true, false), (true, true)] {
             if let only, only != (hand ? (reads ? "raw-read" : "raw") : "ours") { continue }
             let tmp = getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp"

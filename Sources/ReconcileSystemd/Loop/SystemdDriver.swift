@@ -19,7 +19,7 @@ public final class SystemdDriver: Driver {
     /// `DriverRunner`), linked unretained into this list through themselves
     /// so `detach` and deinit can stop the ones the runtime did not.
     private let owned = OwnedSources()
-    /// Each kind's `SystemdSource` conformance, looked up once per kind.
+    /// What each kind conforms to (`KindInfo`), looked up once per kind.
     private var kinds: [ObjectIdentifier: KindInfo] = [:]
     private var lastKind: (id: ObjectIdentifier, info: KindInfo)?
     /// Stopped timer runners (unlinked), armed again by later timer starts
@@ -122,14 +122,15 @@ public final class SystemdDriver: Driver {
         case ObjectIdentifier(TimerSource.self): startTimer(ticket); return
         case ObjectIdentifier(FileWatchSource.self): startWatch(ticket); return
         case ObjectIdentifier(SignalSource.self): startSignal(ticket); return
-        // (Descriptors take no restart policy: not a `RestartableSource`.)
-        case ObjectIdentifier(DescriptorSource.self): startRunning(DescriptorSource.self, ticket); return
         default: break
         }
         // A subscription with a restart policy runs its attempts under a
         // supervisor (Loop/Restarts.swift).
         let info = kindInfo(source)
         if info.restartable, startRestarting(ticket) { return }
+        // A connection's descriptor, the most frequent start of a server,
+        // with its type known.
+        if ObjectIdentifier(source) == ObjectIdentifier(DescriptorSource.self) { return startRunning(DescriptorSource.self, ticket) }
         guard let kind = info.systemd else {
             if let kind = ticket.source as? any TaskBackedSource.Type {
                 // A task on the loop's executor (StreamSource).
@@ -236,7 +237,6 @@ public final class SystemdDriver: Driver {
         ticket.driverState = consume runner
     }
 
-    /// The `SystemdSource` conformance of `type`, cached per kind.
     /// What the driver asks of a source kind at each start, found once
     /// per kind: each `as?` to a protocol is a conformance lookup (about
     /// 1,000 instructions a start for `RestartableSource` alone).
@@ -258,8 +258,6 @@ public final class SystemdDriver: Driver {
         lastKind = (id, info)
         return info
     }
-
-    private func systemdKind(_ type: any Source.Type) -> (any SystemdSource.Type)? { kindInfo(type).systemd }
 
     /// Disconnects the runtime. `Runtime.shutdown` stops every source before
     /// it detaches; a source still running here (the driver detached without
