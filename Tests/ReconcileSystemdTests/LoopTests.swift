@@ -124,6 +124,22 @@ extension SystemdTests {
             #expect(h.runtime.model.rejected == 1)
         }
 
+        /// More than a pump takes at once (`Runtime.pumpLimit`) posted
+        /// before the stop: every one is delivered (late), none dropped when
+        /// the first pump after the stop has taken its share.
+        @Test func everyEventPostedBeforeItsSourceStopsIsDeliveredHoweverFarBehindTheInboxIs() throws {
+            let h = try Harness(Timers(initial: .init(names: ["feed2"])))
+            let id = SubscriptionID(ThreadFeed.self, key: "feed2")
+            let poster = try #require(ThreadFeed.posters[id])
+            let posted = DispatchQueue.global().sync { (0..<1_000).filter { poster.post($0) == .accepted }.count }
+            #expect(posted == 1_000)
+            try h.runtime.send(.leavePhase)
+            #expect(DispatchQueue.global().sync { poster.post(-2) } == .closed)
+            try h.run(until: { h.runtime.stats.lateDeliveries == 1_000 })
+            #expect(h.runtime.model.rejected == 1_000)
+            #expect(h.runtime.stats.droppedEvents == 0)
+        }
+
         @Test func everyCallbackAndMessageRunsOnTheLoopThread() throws {
             var threads: Set<UInt> = []
             let h = try Harness(Timers(initial: .init(names: ["a"], interval: .milliseconds(5))))

@@ -34,8 +34,8 @@ final class WakingQueue<Item, Extra>: Sendable {
         return result
     }
 
-    /// Changes the extra state under the lock.
-    func withExtra<R>(_ body: (inout Extra) -> R) -> R { state.withLock { body(&$0.extra) } }
+    /// Changes the extra state under the lock (`count`: the items queued then).
+    func withExtra<R>(_ body: (inout Extra, _ count: Int) -> R) -> R { state.withLock { body(&$0.extra, $0.items.count) } }
 
     func takeAll() -> [Item] {
         state.withLock { s in
@@ -101,8 +101,10 @@ final class Inbox<Message>: Sendable {
         }
     }
 
-    func register(_ a: Activation) { queue.withExtra { _ = $0.insert(a) } }
-    func retire(_ a: Activation) { queue.withExtra { _ = $0.remove(a) } }
+    func register(_ a: Activation) { queue.withExtra { live, _ in _ = live.insert(a) } }
+    /// Refuses `a`'s posts from now on; returns how many items are queued
+    /// now (its last post, if any, is among them).
+    func retire(_ a: Activation) -> Int { queue.withExtra { live, count in live.remove(a); return count } }
 
     func takeAll() -> [Item] { queue.takeAll() }
 

@@ -88,7 +88,13 @@ public final class Runtime<P: Program>: DriverHost {
     var reconciledModel: P.Model?
     var startCommands: [P.Command]
     var posterSources: [Activation: ActiveSource] = [:]
-    var retiredPosters = 0
+    /// Stopped sources with a poster, each with how many inbox items must
+    /// have been taken (`inboxTaken`) before its last post has been: its
+    /// entry in `posterSources` stays until then, so every event it posted
+    /// before its stop is delivered (late), however far behind the inbox is.
+    var retiredPosters: [(activation: Activation, until: Int)] = []
+    /// Inbox items taken so far.
+    var inboxTaken = 0
     /// Reconcile passes so far (skipped ones included): a transcript's round.
     var rounds = 0
     /// Owned tasks (Tasks.swift); their results join the mailbox in `moveInbox`.
@@ -182,15 +188,21 @@ public final class Runtime<P: Program>: DriverHost {
     static var pumpLimit: Int { 256 }
 
     private func moveInbox() {
-        for item in inbox.take(upTo: Self.pumpLimit) {
+        let items = inbox.take(upTo: Self.pumpLimit)
+        inboxTaken += items.count
+        for item in items {
             if let envelope = envelope(item) { mailbox.append(envelope) }
         }
         taskRegistry.takeResults { mailbox.append(Envelope(message: $0, source: nil, origin: .task($1))) }
-        if retiredPosters > 0 {
-            // Posts from these were refused since their stop; all they posted
-            // before it was just taken.
-            posterSources = posterSources.filter { $0.value.isActive }
-            retiredPosters = 0
+        if !retiredPosters.isEmpty {
+            // Posts from these were refused since their stop; those they
+            // made before it are taken once `until` items were.
+            let taken = inboxTaken
+            retiredPosters.removeAll { r in
+                guard r.until <= taken else { return false }
+                posterSources.removeValue(forKey: r.activation)
+                return true
+            }
         }
     }
 
@@ -231,6 +243,7 @@ public final class Runtime<P: Program>: DriverHost {
         mailbox = []
         head = 0
         posterSources = [:]
+        retiredPosters = []
         if wasAttached { driver.detach() }
         return ShutdownReport(stopped: sources.map(\.id), dropped: dropped, tasks: tasks)
     }
@@ -407,8 +420,7 @@ public final class Runtime<P: Program>: DriverHost {
     private func stop(_ source: ActiveSource) {
         source.isActive = false
         if source.hasPoster {
-            inbox.retire(source.activation)
-            retiredPosters += 1
+            retiredPosters.append((source.activation, inboxTaken + inbox.retire(source.activation)))
         }
         driver.stop(source)
     }

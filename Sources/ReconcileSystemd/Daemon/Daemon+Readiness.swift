@@ -41,8 +41,10 @@ final class Lifecycle {
     var startDeadlineHook: SignalHook?
 
     /// Drops the holds that ended; whether some still run.
-    func holding(_ inFlight: Set<TaskID>) -> Bool {
-        holds.removeAll { !inFlight.contains($0) }
+    /// Whether a task `READY=1` waits for is still in flight (`isInFlight`
+    /// asked of the holds only, not a set of every task made per dispatch).
+    func holding(_ isInFlight: (TaskID) -> Bool) -> Bool {
+        holds.removeAll { !isInFlight($0) }
         return !holds.isEmpty
     }
 
@@ -179,7 +181,7 @@ extension Daemon {
     /// After each dispatch while holding: `READY=1` once the holds ended.
     func checkReadiness() {
         guard state == .running, !stopRequested else { return lifecycle.stopHolding() }
-        guard lifecycle.phase != .ready, lifecycle.startCommandsDone, !lifecycle.holding(tasks.inFlight), reloadSettled else { return }
+        guard lifecycle.phase != .ready, lifecycle.startCommandsDone, !lifecycle.holding({ tasks.isInFlight($0) }), reloadSettled else { return }
         lifecycle.stopHolding()
         let reloaded = lifecycle.phase == .reloading
         sendReady()

@@ -204,7 +204,7 @@ public final class Daemon<P: Program> {
         // unless the start's marked tasks still run (then from the loop once
         // they ended, with EXTEND_TIMEOUT_USEC meanwhile).
         lifecycle.startCommandsDone = true
-        if !lifecycle.holding(tasks.inFlight) {
+        if !lifecycle.holding({ tasks.isInFlight($0) }) {
             sendReady()
         } else {
             beginHolding()
