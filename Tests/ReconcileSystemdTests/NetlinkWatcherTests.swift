@@ -55,23 +55,6 @@ func linkFlags(_ name: String, settingUp up: Bool? = nil) throws -> Int32 {
     return flags
 }
 
-/// Gives link `name` the IPv4 address `address` (SIOCSIFADDR) in the
-/// calling thread's network namespace.
-func setIPv4Address(_ name: String, _ address: [UInt8]) throws {
-    let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-    guard fd >= 0 else { throw POSIXError(.init(rawValue: errno) ?? .EIO) }
-    defer { close(fd) }
-    // struct ifreq as bytes: the name, then a sockaddr_in at offset 16
-    // (family, port, the address at 20).
-    var request = [UInt8](repeating: 0, count: 40)
-    for (i, c) in name.utf8.prefix(15).enumerated() { request[i] = c }
-    request.withUnsafeMutableBytes { $0.storeBytes(of: UInt16(AF_INET), toByteOffset: 16, as: UInt16.self) }
-    for (i, b) in address.prefix(4).enumerated() { request[20 + i] = b }
-    guard request.withUnsafeMutableBytes({ ioctl(fd, UInt(0x8916), $0.baseAddress!) }) == 0 else {   // SIOCSIFADDR
-        throw POSIXError(.init(rawValue: errno) ?? .EIO)
-    }
-}
-
 /// What a netlink watcher reported, in order: "table", or "failed
 /// <operation> <errno>".
 final class WatcherLog {
@@ -82,10 +65,10 @@ final class WatcherLog {
 
     /// A watcher on `loop` reporting here, once its first table is in; nil
     /// when none came within 5 s. The caller stops it.
-    static func start(on loop: EventLoop, stopOnFailure: Bool = false, receiveBuffer: Int? = nil) throws -> (WatcherLog, NetlinkWatcher)? {
+    static func start(on loop: EventLoop, stopOnFailure: Bool = false) throws -> (WatcherLog, NetlinkWatcher)? {
         let log = WatcherLog()
         let watcher = try NetlinkWatcher(
-            receiveBuffer: receiveBuffer, loop: loop, logger: DaemonLogger(level: .error, handler: .stderr),
+            receiveBuffer: nil, loop: loop, logger: DaemonLogger(level: .error, handler: .stderr),
             onTable: { log.events.append("table"); log.last = $0 },
             onFailure: {
                 log.events.append("failed \($0.operation) \($0.code ?? 0)")
@@ -210,42 +193,6 @@ extension SystemdTests {
             #expect(outcome.events.dropFirst(2).allSatisfy { $0 == "table" } && outcome.events.count >= 3)
             #expect(outcome.retries == 2)
             #expect(outcome.lastDelay == 200_000)   // the default policy: 100 ms doubling
-        }
-    }
-}
-
-extension SystemdTests {
-    /// The kernel backend's reads of its sockets are bounded per dispatch.
-    @Suite struct NetlinkBudget {
-        @Test func aBurstOfNotificationsIsReadInBoundedDispatchesAndEndsAtTheKernelsState() throws {
-            struct Seen: Sendable {
-                var cut = 0, most = 0
-                var sentinel = false, loUp = false, kernelSaysUp = false
-            }
-            let outcome = try inNewNetworkNamespace { () throws -> Seen in
-                let loop = try EventLoop()
-                // Room for the whole burst: no overrun, no resync.
-                guard let (seen, watcher) = try WatcherLog.start(on: loop, receiveBuffer: 16 << 20) else { return Seen() }
-                defer { seen.finish() }
-                // 401 flips of lo (down to up and back), queued before the
-                // loop reads any of them, then an address: the burst's end.
-                for i in 0...400 { _ = try linkFlags("lo", settingUp: i % 2 == 0) }
-                try setIPv4Address("lo", [10, 9, 8, 7])
-                let kernelFlags = try linkFlags("lo")
-                let hasSentinel = { (t: LinkTable?) in t?.addresses.keys.contains { formatAddress($0.address) == "10.9.8.7" } ?? false }
-                _ = try loop.run(until: { hasSentinel(seen.last) }, timeout: .seconds(10))
-                let up = seen.last?.links.values.contains { $0.name == "lo" && $0.flags & UInt32(IFF_UP) != 0 } ?? false
-                return Seen(cut: watcher.dispatchesCut, most: watcher.mostDatagramsInADispatch, sentinel: hasSentinel(seen.last),
-                            loUp: up, kernelSaysUp: kernelFlags & Int32(IFF_UP) != 0)
-            }
-            print("netlink burst: \(outcome.cut) dispatches cut at the budget, at most \(outcome.most) datagrams in one")
-            // The burst took several dispatches, none more than the budget ...
-            #expect(outcome.cut >= 2, "\(outcome)")
-            #expect(outcome.most <= NetlinkWatcher.datagramsPerDispatch, "\(outcome)")
-            // ... and the table ends where the kernel is.
-            #expect(outcome.sentinel)
-            #expect(outcome.kernelSaysUp)
-            #expect(outcome.loUp)
         }
     }
 }

@@ -262,33 +262,11 @@ final class NetlinkWatcher {
         }
     }
 
-    /// What one dispatch reads of a socket at most: 64 datagrams or 64 KiB
-    /// (a notification is one datagram of a few hundred bytes, a dump's
-    /// answer datagrams of up to 32 KiB), so continuous route churn or a
-    /// dump of a large table does not hold the loop. Past it the dispatch
-    /// ends; the socket, still readable, is dispatched again after the
-    /// loop's other ready sources (its epoll watch is level-triggered).
-    static let datagramsPerDispatch = 64
-    static let bytesPerDispatch = 64 << 10
-    /// Dispatches that ended at the budget with more to read, and the most
-    /// datagrams one dispatch read (tests).
-    private(set) var dispatchesCut = 0, mostDatagramsInADispatch = 0
-
     private func readable(_ fd: Int32) {
-        var datagrams = 0, bytes = 0
-        defer { mostDatagramsInADispatch = max(mostDatagramsInADispatch, datagrams) }
         // `stopped`: handling a message may run the program, which may stop
         // this watcher; its descriptors are closed then (and may already be
         // another socket's).
         while !stopped && !readingPaused {
-            if datagrams >= Self.datagramsPerDispatch || bytes >= Self.bytesPerDispatch {
-                // The table as it stands now is reported (once a dispatch at
-                // most), so a program sees the kernel's state during a burst
-                // that does not end, as after any read that emptied the socket.
-                dispatchesCut += 1
-                settle()
-                return
-            }
             if !injectedReceiveErrors.isEmpty {
                 readFailed(fd, injectedReceiveErrors.removeFirst())
                 return
@@ -324,8 +302,6 @@ final class NetlinkWatcher {
                 }
             }
             guard n > 0 else { return }
-            datagrams += 1
-            bytes += n
             // Believe only the kernel.
             guard from.nl_pid == 0 else {
                 forged += 1
