@@ -241,11 +241,11 @@ func ioAcceptsBenchmark(connections: Int, rounds: Int, into records: inout [Reco
     // their end and stopped) and the accepts per reconcile, which say how
     // much reconciling (a set of every open connection) each accept carries.
     var mostOpenSeen: [Double] = [], acceptsPerReconcile: [Double] = []
+    // IO_ACCEPTS_ONLY=ours|raw|raw-read runs one implementation (for a
+    // profiler; its ratios are then not computed).
+    let only = getenv("IO_ACCEPTS_ONLY").map { String(cString: $0) }
+    if let only { warn("io accepts: IO_ACCEPTS_ONLY=\(only): only that implementation runs, no ratios") }
     for round in 0..<rounds {
-        // IO_ACCEPTS_ONLY=ours|raw|raw-read runs one implementation (for a
-        // profiler; its ratios are then not computed).
-        let only = getenv("IO_ACCEPTS_ONLY").map { String(cString: $0) }
-        if let only, round == 0 { warn("io accepts: IO_ACCEPTS_ONLY=\(only): only that implementation runs, no ratios") }
         for (hand, reads) in [(false, false), (true, false), (true, true)] {
             if let only, only != (hand ? (reads ? "raw-read" : "raw") : "ours") { continue }
             let tmp = getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp"

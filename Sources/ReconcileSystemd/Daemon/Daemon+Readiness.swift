@@ -40,9 +40,8 @@ final class Lifecycle {
     var startDeadline: EventSource?
     var startDeadlineHook: SignalHook?
 
-    /// Drops the holds that ended; whether some still run.
-    /// Whether a task `READY=1` waits for is still in flight (`isInFlight`
-    /// asked of the holds only, not a set of every task made per dispatch).
+    /// Drops the holds that ended; whether some still run (`isInFlight` is
+    /// asked of the holds only, no set of every task made per dispatch).
     func holding(_ isInFlight: (TaskID) -> Bool) -> Bool {
         holds.removeAll { !isInFlight($0) }
         return !holds.isEmpty
